@@ -577,8 +577,9 @@ private:
 
     int size_ = 1;
     std::vector<std::thread> workers_;
-    std::atomic<uint64_t> generation_{0};
-    std::atomic<int> pending_{0};
+    // Each counter on its own cache line: workers poll one while the caller polls the other.
+    alignas(64) std::atomic<uint64_t> generation_{0};
+    alignas(64) std::atomic<int> pending_{0};
     std::atomic<bool> stopping_{false};
     void (*job_)(void*, size_t, size_t, int) = nullptr;
     void* context_ = nullptr;
@@ -2009,18 +2010,37 @@ inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size
     }
 }
 
-// out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]); rows of w split across threads, each row read from memory once.
-inline void matmul(ThreadPool& pool, const Tensor& w, const float* x, int T, float* out, const Tensor* bias = nullptr) {
-    const size_t N = static_cast<size_t>(w.rows());
-    pool.run(N, [&](size_t begin, size_t end, int) {
-        switch (w.dtype) {
-            case DType::F32: matmul_rows<DType::F32>(w, x, T, out, begin, end); break;
-            case DType::BF16: matmul_rows<DType::BF16>(w, x, T, out, begin, end); break;
-            case DType::F16: matmul_rows<DType::F16>(w, x, T, out, begin, end); break;
+// One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
+struct Product {
+    const Tensor& w;
+    float* out;
+    const Tensor* bias = nullptr;
+};
+
+// Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
+// end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
+inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
+    size_t total_rows = 0;
+    for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
+    pool.run(total_rows, [&](size_t begin, size_t end, int) {
+        size_t first_row = 0;  // of the current product, in the concatenated numbering
+        for (const Product& p : products) {
+            const size_t N = static_cast<size_t>(p.w.rows());
+            size_t from = std::max(begin, first_row), to = std::min(end, first_row + N);
+            if (from < to) {
+                from -= first_row;
+                to -= first_row;
+                switch (p.w.dtype) {
+                    case DType::F32: matmul_rows<DType::F32>(p.w, x, T, p.out, from, to); break;
+                    case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
+                    case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
+                }
+                if (p.bias && !p.bias->empty())
+                    for (int t = 0; t < T; ++t)
+                        for (size_t n = from; n < to; ++n) p.out[static_cast<size_t>(t) * N + n] += p.bias->at(static_cast<int64_t>(n));
+            }
+            first_row += N;
         }
-        if (bias && !bias->empty())
-            for (int t = 0; t < T; ++t)
-                for (size_t n = begin; n < end; ++n) out[static_cast<size_t>(t) * N + n] += bias->at(static_cast<int64_t>(n));
     });
 }
 
@@ -2115,9 +2135,7 @@ public:
             pool_.run(T, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
             });
-            detail::matmul(pool_, w.wq, xn_.data(), T, q_.data(), &w.bq);
-            detail::matmul(pool_, w.wk, xn_.data(), T, k_.data(), &w.bk);
-            detail::matmul(pool_, w.wv, xn_.data(), T, v_.data(), &w.bv);
+            detail::matmul(pool_, xn_.data(), T, {{w.wq, q_.data(), &w.bq}, {w.wk, k_.data(), &w.bk}, {w.wv, v_.data(), &w.bv}});
             pool_.run(T, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) {
                     for (size_t h = 0; h < H; ++h) position_heads(&q_[t * q_width + h * Dh], w.q_norm, t);
@@ -2129,17 +2147,16 @@ public:
             pool_.run(static_cast<size_t>(T) * H, [&](size_t begin, size_t end, int thread) {
                 for (size_t item = begin; item < end; ++item) attend(batch, cache, l, item / H, item % H, thread);
             });
-            detail::matmul(pool_, w.wo, attn_.data(), T, xn_.data());
+            detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
 
             // MLP block.
             pool_.run(T, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
             });
-            detail::matmul(pool_, w.w_gate, xn_.data(), T, gate_.data());
-            detail::matmul(pool_, w.w_up, xn_.data(), T, up_.data());
+            detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
             for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
-            detail::matmul(pool_, w.w_down, gate_.data(), T, xn_.data());
+            detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
         }
 
@@ -2148,7 +2165,7 @@ public:
         for (int t = 0; t < T; ++t)
             if (batch.wants_logits[t]) detail::rms_norm(&x_[t * D], model_.final_norm, D, c.norm_eps, &xn_[rows++ * D]);
         if (logits_.size() < static_cast<size_t>(rows) * V) logits_.resize(static_cast<size_t>(rows) * V);
-        if (rows > 0) detail::matmul(pool_, model_.lm_head, xn_.data(), rows, logits_.data());
+        if (rows > 0) detail::matmul(pool_, xn_.data(), rows, {{model_.lm_head, logits_.data()}});
         return {logits_.data(), static_cast<size_t>(rows) * V};
     }
 
@@ -2405,9 +2422,13 @@ struct GenerationResult {
 };
 
 inline Tokenizer tokenizer_for(const Model& model) {
+    if (model.vocab.empty() && model.format == "llama2.c")
+        detail::fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
+                     "the default is tokenizer.bin beside the model), or pass token ids instead");
     if (model.vocab.empty())
         detail::fail(model.source, ": no SentencePiece vocabulary to tokenize text with (a Hugging Face folder's "
-                     "tokenizer.json is read by the tokenizer layer, not yet here); pass token ids instead");
+                     "tokenizer.json and GGUF byte-level vocabularies are read by the tokenizer layer, not yet here); "
+                     "pass token ids instead");
     return Tokenizer(model.vocab, model.config.bos_id, model.source);
 }
 
@@ -2587,6 +2608,7 @@ inline Model demo_model() {
     model.source = "built-in demo model";
     model.format = "built-in";
     model.config = config_for_shape(shape);
+    model.config.eos_ids.clear();  // random weights pick </s> by chance: let the demo run to max_tokens
     std::unordered_map<std::string, Tensor> tensors;
     for (TensorData& data : random_weights(shape, DType::F32, 2024)) {
         model.owned.push_back(std::move(data.bytes));

@@ -1,0 +1,112 @@
+// Helpers shared by the tests: where the reference data lives, reading reference files, temporary folders, and
+// running the infer program.
+#pragma once
+
+#include "../infer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <sys/wait.h>
+
+namespace test {
+
+// ../shared (the Meson option shared_dir), or empty when it is absent.
+inline std::filesystem::path shared_dir() {
+    const char* dir = std::getenv("INFER_SHARED");
+    std::filesystem::path path = dir ? dir : "../shared";
+    return std::filesystem::exists(path / "models" / "stories260K") ? path : std::filesystem::path();
+}
+
+// Tests that need ../shared call this first; without it they pass with a message saying what was skipped.
+#define REQUIRE_SHARED_OR_SKIP()                                                                                 \
+    if (test::shared_dir().empty()) {                                                                            \
+        MESSAGE("SKIPPED: test data not found (set INFER_SHARED or meson -Dshared_dir=PATH to ../shared)");     \
+        return;                                                                                                  \
+    }
+
+inline std::vector<float> read_floats(const std::filesystem::path& path) {
+    std::string bytes = infer::read_text_file(path);
+    std::vector<float> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), values.size() * 4);
+    return values;
+}
+
+inline std::vector<int> ids_of(const infer::Json& array) {
+    std::vector<int> ids;
+    for (const infer::Json& id : array.as_array()) ids.push_back(static_cast<int>(id.as_int()));
+    return ids;
+}
+
+inline infer::Json read_json(const std::filesystem::path& path) {
+    return infer::Json::parse(infer::read_text_file(path), path.string());
+}
+
+// A fresh folder under the system's temporary directory, removed when the test ends.
+class TempDir {
+public:
+    explicit TempDir(const std::string& name) {
+        path_ = std::filesystem::temp_directory_path() /
+                ("infer-test-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
+        std::filesystem::remove_all(path_);
+        std::filesystem::create_directories(path_);
+    }
+    ~TempDir() { std::filesystem::remove_all(path_); }
+    const std::filesystem::path& path() const { return path_; }
+    std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+private:
+    static int& counter() {
+        static int value = 0;
+        return value;
+    }
+    std::filesystem::path path_;
+};
+
+inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The message of the infer::Error that `body` throws ("" when it throws none).
+template <class Body>
+std::string error_of(Body&& body) {
+    try {
+        body();
+    } catch (const infer::Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+struct ProgramRun {
+    int exit_code = -1;
+    std::string out, err;
+};
+
+inline std::string quote(const std::string& text) {
+    std::string quoted = "'";
+    for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return quoted + "'";
+}
+
+// Runs the infer program (INFER_BIN) with arguments; captures stdout, stderr and the exit code.
+inline ProgramRun run_infer(const std::vector<std::string>& args) {
+    const char* bin = std::getenv("INFER_BIN");
+    REQUIRE_MESSAGE(bin != nullptr, "INFER_BIN is not set (meson test sets it)");
+    TempDir dir("run");
+    std::string command = quote(bin);
+    for (const auto& arg : args) {
+        command += ' ';
+        command += quote(arg);
+    }
+    command += " > " + quote((dir / "out").string()) + " 2> " + quote((dir / "err").string()) + " < /dev/null";
+    int status = std::system(command.c_str());
+    ProgramRun run;
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    run.out = infer::read_text_file(dir / "out");
+    run.err = infer::read_text_file(dir / "err");
+    return run;
+}
+
+}  // namespace test

@@ -1,0 +1,95 @@
+// The SentencePiece score-based tokenizer against llama.cpp's and llama2.c's ids for stories260K's vocabulary.
+#include "support.hpp"
+
+namespace {
+
+struct Vocabularies {
+    infer::Model gguf, llama2c;
+};
+
+const Vocabularies& stories() {
+    static Vocabularies models = [] {
+        auto dir = test::shared_dir() / "models" / "stories260K";
+        return Vocabularies{infer::load_model(dir / "stories260K.gguf"),
+                            infer::load_model(dir / "stories260K.bin", dir / "tok512.bin")};
+    }();
+    return models;
+}
+
+bool valid_utf8(std::string_view text) { return infer::detail::find_invalid_utf8(text) == std::string_view::npos; }
+
+}  // namespace
+
+TEST_CASE("encode matches llama.cpp on every reference string, from the GGUF and the llama2.c vocabulary") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::Json cases = test::read_json(test::shared_dir() / "models/stories260K/public/tokenizer_cases.json");
+    for (const infer::Model* model : {&stories().gguf, &stories().llama2c}) {
+        infer::Tokenizer tokenizer = infer::tokenizer_for(*model);
+        for (const infer::Json& c : cases.at("cases").as_array()) {
+            const std::string& text = c.at("text").as_string();
+            CAPTURE(text);
+            CAPTURE(model->format);
+            CHECK(tokenizer.encode(text, true) == test::ids_of(c.at("llama_cpp_with_bos")));
+            CHECK(tokenizer.encode(text, false) == test::ids_of(c.at("llama_cpp_no_bos")));
+            CHECK(tokenizer.decode(tokenizer.encode(text, true)) == text);  // SentencePiece round-trips
+        }
+    }
+}
+
+TEST_CASE("the prompts of the generation references tokenize to their prompt ids") {
+    REQUIRE_SHARED_OR_SKIP();
+    for (const char* name : {"empty", "lily_and_ben", "once_upon_a_time", "the_cat"}) {
+        infer::Json reference = test::read_json(test::shared_dir() / "models/stories260K/public" / (std::string(name) + ".json"));
+        infer::Tokenizer tokenizer = infer::tokenizer_for(stories().gguf);
+        CHECK(tokenizer.encode(reference.at("prompt").as_string()) == test::ids_of(reference.at("prompt_ids")));
+    }
+}
+
+TEST_CASE("special tokens written in the text become their ids") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::Tokenizer tokenizer = infer::tokenizer_for(stories().gguf);
+    std::vector<int> ids = tokenizer.encode("a</s>a", false);
+    REQUIRE(ids.size() == 3);
+    CHECK(ids[0] == 261);  // "▁a"
+    CHECK(ids[1] == 2);
+    CHECK(ids[2] == 261);  // a dummy-prefix space again after a special token, as llama.cpp
+}
+
+TEST_CASE("invalid UTF-8 in the text is an error naming the byte offset") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::Tokenizer tokenizer = infer::tokenizer_for(stories().gguf);
+    CHECK(test::error_of([&] { tokenizer.encode("ok \xC3\x28 bad"); }).find("byte offset 3") != std::string::npos);
+    CHECK(test::error_of([&] { tokenizer.encode("\xED\xA0\x80"); }).find("byte offset 0") != std::string::npos);  // surrogate
+    CHECK(test::error_of([&] { tokenizer.encode("abc\xF0\x9F\x98"); }).find("byte offset 3") != std::string::npos);  // cut short
+}
+
+TEST_CASE("streaming detokenization equals a full decode and never splits a character") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::Tokenizer tokenizer = infer::tokenizer_for(stories().gguf);
+    for (std::string text : {"日本 emoji 😀 café", "Once upon a time", "  two", "“quoted” — dash"}) {
+        std::vector<int> ids = tokenizer.encode(text, true);
+        infer::TextStream stream(tokenizer);
+        std::string streamed;
+        for (int id : ids) {
+            std::string piece = stream.push(id);
+            CHECK(valid_utf8(piece));
+            streamed += piece;
+        }
+        streamed += stream.finish();
+        CHECK(streamed == tokenizer.decode(ids));
+        CHECK(streamed == text);
+    }
+    // Bytes that never complete a character become U+FFFD at the end, not garbage.
+    infer::TextStream stream(tokenizer);
+    std::string out = stream.push(3 + 0xE6);  // the first byte of a three-byte character
+    CHECK(out.empty());
+    CHECK(stream.finish() == "\xEF\xBF\xBD");
+}
+
+TEST_CASE("a model without a SentencePiece vocabulary says so instead of tokenizing") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::Model model = infer::load_model(test::shared_dir() / "fixtures/arch/llama");
+    std::string message = test::error_of([&] { infer::tokenizer_for(model); });
+    CHECK(message.find("fixtures/arch/llama") != std::string::npos);
+    CHECK(message.find("token ids") != std::string::npos);
+}
