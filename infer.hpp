@@ -506,12 +506,35 @@ struct LayerTimes {
 };
 
 // ---- Thread pool -----------------------------------------------------------------------------------------------------
-// A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Workers
-// sleep on an atomic counter (a futex on Linux) between jobs, so an idle pool costs nothing. Each parallel section
-// pays one wake-up (microseconds): decode makes ~10 sections per layer, small next to reading the layer's weights.
+// A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
+// a few parallel sections per layer, each a fraction of a millisecond, so the hand-off must cost microseconds: between
+// sections a worker spins on an atomic counter for a short while (spin_budget) before it sleeps on it (a futex on
+// Linux, tens of microseconds to wake on a VM). An idle pool therefore costs nothing after the budget runs out.
+
+namespace detail {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// Calls ready() until it returns true or the budget runs out; returns its last answer.
+template <class Ready>
+bool spin_until(Ready ready, std::chrono::microseconds budget) {
+    auto deadline = std::chrono::steady_clock::now() + budget;
+    for (int round = 0;; ++round) {
+        if (ready()) return true;
+        cpu_relax();
+        if (round % 64 == 63 && std::chrono::steady_clock::now() > deadline) return ready();
+    }
+}
+}  // namespace detail
 
 class ThreadPool {
 public:
+    // 0 threads: one per hardware thread.
     explicit ThreadPool(int threads = 0) {
         if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         size_ = threads;
@@ -528,7 +551,8 @@ public:
 
     int size() const { return size_; }
 
-    // Calls body(begin, end, thread) on `size()` disjoint ranges that cover [0, count). Returns when all are done.
+    // Calls body(begin, end, thread) on `size()` disjoint ranges that cover [0, count) and returns when all are done.
+    // One caller at a time: the engine's loop owns its pool.
     template <class Body>
     void run(size_t count, Body&& body) {
         if (size_ == 1 || count <= 1) {
@@ -544,15 +568,15 @@ public:
         generation_.fetch_add(1);
         generation_.notify_all();
         run_share(0);
-        // Wait for the workers; a short spin first, since most sections finish within microseconds of each other.
-        for (int spin = 0; pending_.load() != 0; ++spin) {
+        while (!detail::spin_until([&] { return pending_.load() == 0; }, spin_budget)) {
             int left = pending_.load();
-            if (left == 0) break;
-            if (spin > 2000) pending_.wait(left);
+            if (left != 0) pending_.wait(left);
         }
     }
 
 private:
+    static constexpr std::chrono::microseconds spin_budget{200};
+
     void run_share(int thread) {
         size_t begin = count_ * thread / size_;
         size_t end = count_ * (thread + 1) / size_;
@@ -562,13 +586,11 @@ private:
     void worker_loop(int thread) {
         uint64_t seen = 0;
         while (true) {
-            uint64_t now = generation_.load();
-            for (int spin = 0; now == seen && spin < 2000; ++spin) now = generation_.load();
-            if (now == seen) {
+            if (!detail::spin_until([&] { return generation_.load() != seen; }, spin_budget)) {
                 generation_.wait(seen);
                 continue;
             }
-            seen = now;
+            seen = generation_.load();
             if (stopping_) return;
             run_share(thread);
             if (pending_.fetch_sub(1) == 1) pending_.notify_one();
@@ -714,6 +736,13 @@ struct Model {
 
     std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive
     std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
+
+    // Tensors point into `files` or `owned`: a copy would point into the original's buffers, so a Model only moves.
+    Model() = default;
+    Model(Model&&) = default;
+    Model& operator=(Model&&) = default;
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
 
     // Bytes of weights one decode step reads: every matrix once (the embedding only one row, unless it is the head).
     size_t weight_bytes_per_token() const {
@@ -975,7 +1004,9 @@ inline void attach_hugging_face_tensors(Model& model, const std::unordered_map<s
     const ModelConfig& c = model.config;
     model.embedding = take("model.embed_tokens.weight");
     model.final_norm = take("model.norm.weight");
-    model.lm_head = c.tied_embeddings && !tensors.count("lm_head.weight") ? model.embedding : take("lm_head.weight");
+    // Some tied checkpoints still ship lm_head.weight: the file decides, so the parameter count stays honest.
+    model.config.tied_embeddings = c.tied_embeddings && !tensors.count("lm_head.weight");
+    model.lm_head = model.config.tied_embeddings ? model.embedding : take("lm_head.weight");
     for (int i = 0; i < c.n_layers; ++i) {
         std::string p = "model.layers." + std::to_string(i) + ".";
         LayerWeights layer;
@@ -1917,8 +1948,9 @@ inline void load16(const std::byte* row, size_t k, __m256& low, __m256& high) {
         low = _mm256_loadu_ps(w);
         high = _mm256_loadu_ps(w + 8);
     } else {
-        __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + k));
-        __m128i first = _mm256_castsi256_si128(halves), second = _mm256_extracti128_si256(halves, 1);
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(row) + k;
+        __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+        __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 8));
         if constexpr (dtype == DType::BF16) {  // bf16 → f32 is a 16-bit shift, done in registers
             low = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(first), 16));
             high = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(second), 16));
@@ -2515,6 +2547,7 @@ inline GenerationResult generate(const Model& model, ThreadPool& pool, std::stri
 
 struct ModelShape {
     int dim = 288, n_layers = 6, n_heads = 6, n_kv_heads = 6, ffn_dim = 768, vocab_size = 32000, context_length = 2048;
+    bool tied_embeddings = false;  // the classifier is the embedding (llama2.c's stories models, SmolLM, Qwen2 0.5B)
 };
 
 // Hugging Face-named tensors with weights uniform in ±1/sqrt(fan-in) and unit norm gains, from a seeded generator.
@@ -2562,7 +2595,7 @@ inline std::vector<TensorData> random_weights(const ModelShape& shape, DType dty
         add(p + "mlp.down_proj.weight", {D, F}, false);
     }
     add("model.norm.weight", {D}, true);
-    add("lm_head.weight", {V, D}, false);
+    if (!shape.tied_embeddings) add("lm_head.weight", {V, D}, false);
     return tensors;
 }
 
@@ -2577,6 +2610,7 @@ inline ModelConfig config_for_shape(const ModelShape& shape) {
     c.ffn_dim = shape.ffn_dim;
     c.vocab_size = shape.vocab_size;
     c.context_length = shape.context_length;
+    c.tied_embeddings = shape.tied_embeddings;
     c.bos_id = 1;
     c.eos_ids = {2};
     return c;
@@ -2594,7 +2628,8 @@ inline void save_random_model(const std::filesystem::path& folder, const ModelSh
            << "  \"num_hidden_layers\": " << c.n_layers << ",\n  \"num_attention_heads\": " << c.n_heads << ",\n"
            << "  \"num_key_value_heads\": " << c.n_kv_heads << ",\n  \"vocab_size\": " << c.vocab_size << ",\n"
            << "  \"max_position_embeddings\": " << c.context_length << ",\n  \"rms_norm_eps\": 1e-05,\n"
-           << "  \"rope_theta\": 10000.0,\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": false,\n"
+           << "  \"rope_theta\": 10000.0,\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": "
+           << (c.tied_embeddings ? "true" : "false") << ",\n"
            << "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \""
            << (dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16") << "\"\n}\n";
     save_safetensors(folder / "model.safetensors", random_weights(shape, dtype, seed));

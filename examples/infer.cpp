@@ -5,7 +5,7 @@
 //                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
 //   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS]
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
-//                    [--dtype f32|bf16|f16] [--seed S]
+//                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //
 // Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
 #include "../infer.hpp"
@@ -21,7 +21,7 @@ const char* usage_text = R"(usage:
                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
-                   [--context C] [--dtype f32|bf16|f16] [--seed S]
+                   [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
 
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
@@ -224,6 +224,7 @@ int run_make_model(const Options& options) {
     shape.ffn_dim = dimension("--ffn", shape.ffn_dim);
     shape.vocab_size = dimension("--vocab", shape.vocab_size);
     shape.context_length = dimension("--context", shape.context_length);
+    shape.tied_embeddings = options.has("--tied");
     std::string dtype_text = options.text("--dtype", "f32");
     infer::DType dtype;
     if (dtype_text == "f32") dtype = infer::DType::F32;
@@ -232,8 +233,8 @@ int run_make_model(const Options& options) {
     else infer::detail::fail("option --dtype: \"", dtype_text, "\" is not one of f32, bf16, f16");
     infer::save_random_model(options.text("-o"), shape, dtype, static_cast<uint64_t>(options.integer("--seed", 0)));
     infer::Model check = infer::load_model(options.text("-o"));  // read it back: what we wrote must load
-    std::cerr << "wrote " << options.text("-o") << ": " << check.parameter_count() << " parameters, "
-              << check.weight_bytes_per_token() / 1e6 << " MB of " << dtype_text << " weights\n";
+    std::cerr << "wrote " << options.text("-o") << ": " << check.parameter_count() << " parameters in " << dtype_text
+              << "; a decode step reads " << check.weight_bytes_per_token() / 1e6 << " MB of them\n";
     return 0;
 }
 
@@ -254,7 +255,7 @@ int main(int argc, char** argv) {
             return run_make_model(Options(argc, argv, 2,
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
                                            "--context", "--dtype", "--seed"},
-                                          {}));
+                                          {"--tied"}));
         if (command == "-h" || command == "--help" || command == "help") {
             std::cout << usage_text;
             return 0;

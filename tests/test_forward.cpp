@@ -82,7 +82,8 @@ TEST_CASE("stories260K: logits at 64 positions, prompt as one prefill then one-t
     std::vector<int> ids = test::ids_of(meta.at("token_ids"));
     const int prompt = static_cast<int>(meta.at("prompt_ids").as_array().size());
     std::vector<float> reference = test::read_floats(dir / "public/logits_lily_and_ben_64.f32");
-    for (const infer::Model& model : {infer::load_model(dir / "stories260K.gguf"), infer::load_model(dir / "stories260K.bin", dir / "tok512.bin")}) {
+    infer::Model models[] = {infer::load_model(dir / "stories260K.gguf"), infer::load_model(dir / "stories260K.bin", dir / "tok512.bin")};
+    for (const infer::Model& model : models) {
         infer::ThreadPool pool(2);
         infer::KVCache cache(model.config, 8, 16);
         REQUIRE(cache.reserve(7, static_cast<int>(ids.size())));
