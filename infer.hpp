@@ -520,14 +520,20 @@ inline void cpu_relax() {
 #endif
 }
 
-// Calls ready() until it returns true or the budget runs out; returns its last answer.
+// Calls ready() until it returns true or the budget runs out; returns its last answer. After a few microseconds of
+// pure spinning it yields the core at each round, so that when the machine has more runnable threads than cores (tests
+// in parallel, other programs) the thread we wait for gets to run instead of our spin.
 template <class Ready>
 bool spin_until(Ready ready, std::chrono::microseconds budget) {
     auto deadline = std::chrono::steady_clock::now() + budget;
     for (int round = 0;; ++round) {
         if (ready()) return true;
-        cpu_relax();
-        if (round % 64 == 63 && std::chrono::steady_clock::now() > deadline) return ready();
+        if (round < 256) {
+            cpu_relax();
+            continue;
+        }
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() > deadline) return ready();
     }
 }
 }  // namespace detail
