@@ -4,6 +4,7 @@
 //
 // Loads a model (the built-in demo model without -m), generates greedily from the prompt while streaming the text,
 // then prints where the time went: load, tokenize, prefill, decode, sample, detokenize. Chapter 01 walks through it.
+#include "command_line.hpp"
 #include "infer.hpp"
 
 #include <cstdio>
@@ -21,35 +22,13 @@ struct Options {
     int threads = 0;  // 0: every core
 };
 
-int parse_count(std::string_view option, const char* text) {
-    // std::stoi would accept "12abc" and throw its own unhelpful message; the user should see which option was wrong.
-    char* end = nullptr;
-    long value = std::strtol(text, &end, 10);
-    if (end == text || *end != '\0' || value < 0 || value > 1'000'000)
-        throw infer::Error("option " + std::string(option) + ": expected a count from 0 to 1000000, found \"" + text +
-                           "\"");
-    return static_cast<int>(value);
-}
-
 Options parse_options(int argc, char** argv) {
-    const char* usage = "[-m PATH] [-p TEXT] [-n N] [-t THREADS]";
+    CommandLine line(argc, argv, 1, {"-m", "-p", "-n", "-t"}, {}, "usage: 01_the_stack [-m PATH] [-p TEXT] [-n N] [-t THREADS]\n");
     Options options;
-    for (int i = 1; i < argc; ++i) {
-        std::string_view arg = argv[i];
-        if (arg == "-h" || arg == "--help") {
-            std::cout << "usage: " << argv[0] << " " << usage << "\n";
-            std::exit(0);
-        }
-        auto value = [&]() -> const char* {
-            if (i + 1 >= argc) throw infer::Error("option " + std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "-m") options.model_path = value();
-        else if (arg == "-p") options.prompt = value();
-        else if (arg == "-n") options.max_tokens = parse_count(arg, value());
-        else if (arg == "-t") options.threads = parse_count(arg, value());
-        else throw infer::Error("unknown option \"" + std::string(arg) + "\" (usage: " + usage + ")");
-    }
+    options.model_path = line.text("-m");
+    options.prompt = line.text("-p", options.prompt);
+    options.max_tokens = static_cast<int>(line.integer("-n", options.max_tokens, 0, 1'000'000));
+    options.threads = static_cast<int>(line.integer("-t", options.threads, 0, 1024));
     return options;
 }
 

@@ -8,6 +8,7 @@
 // weight bytes per token × tokens/s is the memory traffic decode achieved; dividing by the bandwidth measured in the
 // same run (the same streaming read as chapter 04, examples/measure.hpp) says how close to the ceiling it came.
 // Random weights cost exactly what trained ones do. The folder is removed at the end. Run by `meson test --benchmark`.
+#include "command_line.hpp"
 #include "infer.hpp"
 #include "measure.hpp"
 
@@ -28,36 +29,13 @@ struct Options {
     int threads = 0;  // 0: every core
 };
 
-int parse_count(std::string_view option, const char* text) {
-    char* end = nullptr;
-    long value = std::strtol(text, &end, 10);
-    if (end == text || *end != '\0' || value < 0 || value > 1'000'000)
-        throw infer::Error("option " + std::string(option) + ": expected a count from 0 to 1000000, found \"" + text +
-                           "\"");
-    return static_cast<int>(value);
-}
-
 Options parse_options(int argc, char** argv) {
-    const char* usage = "[--prompt-tokens N] [--decode-tokens N] [-t THREADS]";
+    CommandLine line(argc, argv, 1, {"--prompt-tokens", "--decode-tokens", "-t"}, {},
+                     "usage: bench_decode [--prompt-tokens N] [--decode-tokens N] [-t THREADS]\n");
     Options options;
-    for (int i = 1; i < argc; ++i) {
-        std::string_view arg = argv[i];
-        if (arg == "-h" || arg == "--help") {
-            std::cout << "usage: " << argv[0] << " " << usage << "\n";
-            std::exit(0);
-        }
-        auto value = [&]() -> const char* {
-            if (i + 1 >= argc) throw infer::Error("option " + std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "--prompt-tokens") options.prompt_tokens = parse_count(arg, value());
-        else if (arg == "--decode-tokens") options.decode_tokens = parse_count(arg, value());
-        else if (arg == "-t") options.threads = parse_count(arg, value());
-        else throw infer::Error("unknown option \"" + std::string(arg) + "\" (usage: " + usage + ")");
-    }
-    if (options.prompt_tokens < 1) throw infer::Error("option --prompt-tokens: prefill needs at least 1 token");
-    if (options.decode_tokens < 1)
-        throw infer::Error("option --decode-tokens: the benchmark needs at least 1 decode step");
+    options.prompt_tokens = static_cast<int>(line.integer("--prompt-tokens", options.prompt_tokens, 1, 1'000'000));
+    options.decode_tokens = static_cast<int>(line.integer("--decode-tokens", options.decode_tokens, 1, 1'000'000));
+    options.threads = static_cast<int>(line.integer("-t", options.threads, 0, 1024));
     return options;
 }
 

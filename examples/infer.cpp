@@ -9,6 +9,7 @@
 //
 // Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
 #include "../infer.hpp"
+#include "command_line.hpp"
 
 #include <cstdio>
 #include <iostream>
@@ -27,58 +28,6 @@ const char* usage_text = R"(usage:
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
   -t N      threads for the matmuls (default: all cores)
 )";
-
-// Options as name → value, checked against the names each command accepts.
-class Options {
-public:
-    Options(int argc, char** argv, int first, const std::vector<std::string>& with_value, const std::vector<std::string>& flags) {
-        for (int i = first; i < argc; ++i) {
-            std::string name = argv[i];
-            if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
-                values_[name] = "1";
-            } else if (std::find(with_value.begin(), with_value.end(), name) != with_value.end()) {
-                if (i + 1 >= argc) infer::detail::fail("option ", name, " needs a value");
-                values_[name] = argv[++i];
-            } else {
-                infer::detail::fail("unknown option \"", name, "\" (see infer --help)");
-            }
-        }
-    }
-    bool has(const std::string& name) const { return values_.count(name) > 0; }
-    std::string text(const std::string& name, const std::string& fallback = "") const {
-        auto found = values_.find(name);
-        return found == values_.end() ? fallback : found->second;
-    }
-    long long integer(const std::string& name, long long fallback) const {
-        if (!has(name)) return fallback;
-        const std::string& value = values_.at(name);
-        size_t used = 0;
-        long long number = 0;
-        try {
-            number = std::stoll(value, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != value.size() || value.empty()) infer::detail::fail("option ", name, ": \"", value, "\" is not an integer");
-        return number;
-    }
-    double number(const std::string& name, double fallback) const {
-        if (!has(name)) return fallback;
-        const std::string& value = values_.at(name);
-        size_t used = 0;
-        double number = 0;
-        try {
-            number = std::stod(value, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != value.size() || value.empty()) infer::detail::fail("option ", name, ": \"", value, "\" is not a number");
-        return number;
-    }
-
-private:
-    std::map<std::string, std::string> values_;
-};
 
 std::vector<int> parse_ids(const std::string& option, const std::string& list) {
     std::vector<int> ids;
@@ -100,13 +49,13 @@ std::vector<int> parse_ids(const std::string& option, const std::string& list) {
     return ids;
 }
 
-int thread_count(const Options& options) {
+int thread_count(const CommandLine& options) {
     long long threads = options.integer("-t", 0);
     if (threads < 0 || threads > 1024) infer::detail::fail("option -t: ", threads, " threads is out of range (1..1024, 0 = all cores)");
     return static_cast<int>(threads);
 }
 
-infer::Model load(const Options& options, infer::LayerTimes& times) {
+infer::Model load(const CommandLine& options, infer::LayerTimes& times) {
     infer::Stopwatch clock;
     infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
     times.load = clock.seconds();
@@ -119,7 +68,7 @@ void print_json_ids(std::ostream& out, const char* name, const std::vector<int>&
     out << ']';
 }
 
-int run_generate(const Options& options) {
+int run_generate(const CommandLine& options) {
     infer::LayerTimes load_times;
     infer::Model model;
     if (options.has("-m")) {
@@ -184,7 +133,7 @@ int run_generate(const Options& options) {
     return 0;
 }
 
-int run_logits(const Options& options) {
+int run_logits(const CommandLine& options) {
     if (!options.has("-m")) infer::detail::fail("infer logits needs -m PATH");
     if (!options.has("--tokens")) infer::detail::fail("infer logits needs --tokens 1,2,3");
     if (!options.has("--out")) infer::detail::fail("infer logits needs --out FILE");
@@ -209,7 +158,7 @@ int run_logits(const Options& options) {
     return 0;
 }
 
-int run_make_model(const Options& options) {
+int run_make_model(const CommandLine& options) {
     if (!options.has("-o")) infer::detail::fail("infer make-model needs -o DIR");
     infer::ModelShape shape;
     auto dimension = [&](const char* name, int fallback) {
@@ -244,18 +193,18 @@ int main(int argc, char** argv) {
     try {
         std::string command = argc > 1 ? argv[1] : "";
         if (command == "generate")
-            return run_generate(Options(argc, argv, 2,
+            return run_generate(CommandLine(argc, argv, 2,
                                         {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids"},
-                                        {"--ignore-eos", "--ids"}));
+                                        {"--ignore-eos", "--ids"}, usage_text));
         if (command == "logits")
-            return run_logits(Options(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "--tokenizer"}, {}));
+            return run_logits(CommandLine(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "--tokenizer"}, {}, usage_text));
         if (command == "make-model")
-            return run_make_model(Options(argc, argv, 2,
+            return run_make_model(CommandLine(argc, argv, 2,
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
                                            "--context", "--dtype", "--seed"},
-                                          {"--tied"}));
+                                          {"--tied"}, usage_text));
         if (command == "-h" || command == "--help" || command == "help") {
             std::cout << usage_text;
             return 0;
