@@ -4,15 +4,23 @@
 //                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
 //                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
 //   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS]
+//   infer tokenize -m PATH [--special]          JSON lines {"text": ...} on stdin → {"ids": [...]}
+//   infer detokenize -m PATH                    JSON lines {"ids": [...]} on stdin → {"text": ...}
+//   infer render-chat -m PATH [--chat-template FILE_OR_NAME]
+//                                               JSON lines {"messages": [...], "add_generation_prompt": true}
+//                                               → {"text": ..., "ids": [...]} or {"error": ...}
+//   infer chat -m PATH [--chat-template FILE_OR_NAME] [sampling options as generate]
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //
 // Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
 #include "../infer.hpp"
+#include "chat_template.hpp"
 #include "command_line.hpp"
 
 #include <cstdio>
 #include <iostream>
+#include <unistd.h>
 
 namespace {
 
@@ -21,12 +29,21 @@ const char* usage_text = R"(usage:
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
+  infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
+  infer detokenize -m PATH                      stdin {"ids": [...]} lines -> {"text": ...} lines
+  infer render-chat -m PATH [--chat-template FILE_OR_NAME]
+                                                stdin {"messages": [...], "add_generation_prompt": true} lines
+                                                -> {"text": ..., "ids": [...]} or {"error": ...} lines
+  infer chat -m PATH [--chat-template FILE_OR_NAME] [--temp T ...as generate]
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
 
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
   -t N      threads for the matmuls (default: all cores)
+  tokenize/detokenize/render-chat take a model (folder, .gguf, .bin) or just its tokenizer: a folder holding
+  tokenizer.json (+ tokenizer_config.json), a tokenizer.json, a .gguf or a llama2.c tokenizer.bin.
+  --chat-template: a file, or a built-in name: chatml, llama3, llama2.
 )";
 
 std::vector<int> parse_ids(const std::string& option, const std::string& list) {
@@ -68,20 +85,9 @@ void print_json_ids(std::ostream& out, const char* name, const std::vector<int>&
     out << ']';
 }
 
-int run_generate(const CommandLine& options) {
-    infer::LayerTimes load_times;
-    infer::Model model;
-    if (options.has("-m")) {
-        model = load(options, load_times);
-    } else {
-        infer::Stopwatch clock;
-        model = infer::demo_model();
-        load_times.load = clock.seconds();
-        std::cerr << "note: no -m given, so this runs the built-in demo model: random weights and a byte vocabulary.\n"
-                     "      Its output is meaningless. Load a real checkpoint with -m (see README.md), e.g.\n"
-                     "      infer generate -m stories15M.bin -p \"Once upon a time\"\n";
-    }
-    infer::SamplingParams params;  // llama.cpp's defaults for a command-line run
+// The sampling options of generate and chat, with llama.cpp's defaults for a command-line run.
+infer::SamplingParams sampling_params(const CommandLine& options) {
+    infer::SamplingParams params;
     params.temperature = static_cast<float>(options.number("--temp", 0.8));
     params.top_k = static_cast<int>(options.integer("--top-k", 40));
     params.top_p = static_cast<float>(options.number("--top-p", 0.95));
@@ -96,6 +102,23 @@ int run_generate(const CommandLine& options) {
     if (options.has("--seed")) params.seed = static_cast<uint64_t>(options.integer("--seed", 0));
     params.validate();
 
+    return params;
+}
+
+int run_generate(const CommandLine& options) {
+    infer::LayerTimes load_times;
+    infer::Model model;
+    if (options.has("-m")) {
+        model = load(options, load_times);
+    } else {
+        infer::Stopwatch clock;
+        model = infer::demo_model();
+        load_times.load = clock.seconds();
+        std::cerr << "note: no -m given, so this runs the built-in demo model: random weights and a byte vocabulary.\n"
+                     "      Its output is meaningless. Load a real checkpoint with -m (see README.md), e.g.\n"
+                     "      infer generate -m stories15M.bin -p \"Once upon a time\"\n";
+    }
+    infer::SamplingParams params = sampling_params(options);
     infer::ThreadPool pool(thread_count(options));
     const bool ids_only = options.has("--ids");
     auto stream = [&](std::string_view text) {
@@ -158,6 +181,168 @@ int run_logits(const CommandLine& options) {
     return 0;
 }
 
+// ---- Tokenizer commands: JSON lines in, JSON lines out -----------------------------------------------------------
+
+// A model path or a tokenizer-only path. A llama2.c model and its tokenizer.bin are both plain .bin files: a file
+// whose size matches a llama2.c header exactly is a model (whose tokenizer is --tokenizer or tokenizer.bin beside it).
+infer::Tokenizer open_tokenizer(const CommandLine& options) {
+    if (!options.has("-m")) infer::detail::fail("this command needs -m PATH (a model or its tokenizer)");
+    const std::filesystem::path path = options.text("-m");
+    if (std::filesystem::is_regular_file(path) && path.extension() == ".bin") {
+        std::optional<infer::Model> model;
+        try {
+            model = infer::load_llama2c(path, options.text("--tokenizer"));
+        } catch (const infer::Error&) {
+            // not a llama2.c model: read it as a tokenizer.bin below
+        }
+        if (model) return infer::tokenizer_for(*model);
+    }
+    return infer::load_tokenizer(path);
+}
+
+void write_ids(std::ostream& out, const std::vector<int>& ids) {
+    out << '[';
+    for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
+    out << ']';
+}
+
+void write_error_line(const std::string& message) {
+    std::cout << "{\"error\":";
+    infer::detail::write_json_string(std::cout, message);
+    std::cout << "}\n";
+}
+
+// Runs `handle` on each JSON line of stdin. A bad line gets an {"error": ...} line and the run goes on; the exit
+// code says whether every line succeeded.
+template <class Handle>
+int for_each_json_line(Handle handle) {
+    std::string line;
+    int line_number = 0, failures = 0;
+    while (std::getline(std::cin, line)) {
+        ++line_number;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        try {
+            handle(infer::Json::parse(line, "stdin line " + std::to_string(line_number)));
+        } catch (const infer::Error& e) {
+            write_error_line(e.what());
+            ++failures;
+        }
+        std::cout.flush();
+    }
+    return failures == 0 ? 0 : 1;
+}
+
+int run_tokenize(const CommandLine& options) {
+    infer::Tokenizer tokenizer = open_tokenizer(options);
+    const bool special = options.has("--special");
+    return for_each_json_line([&](const infer::Json& request) {
+        const infer::Json* text = request.find("text");
+        if (!text || !text->is_string()) infer::detail::fail("each line needs a string field \"text\"");
+        std::cout << "{\"ids\":";
+        write_ids(std::cout, tokenizer.encode(text->as_string(), special));
+        std::cout << "}\n";
+    });
+}
+
+int run_detokenize(const CommandLine& options) {
+    infer::Tokenizer tokenizer = open_tokenizer(options);
+    return for_each_json_line([&](const infer::Json& request) {
+        const infer::Json* ids = request.find("ids");
+        if (!ids || !ids->is_array()) infer::detail::fail("each line needs an array field \"ids\"");
+        std::vector<int> list;
+        for (const infer::Json& id : ids->as_array()) {
+            if (!id.is_number() || id.as_number() != std::floor(id.as_number()) || id.as_number() < 0 ||
+                id.as_number() >= tokenizer.vocab_size())
+                infer::detail::fail("\"ids\" holds a value that is not a token id of this vocabulary (",
+                                    tokenizer.vocab_size(), " tokens)");
+            list.push_back(static_cast<int>(id.as_int()));
+        }
+        std::cout << "{\"text\":";
+        infer::detail::write_json_string(std::cout, tokenizer.decode(list));
+        std::cout << "}\n";
+    });
+}
+
+// The template to render with: --chat-template (a built-in name or a file), else the tokenizer's own.
+std::string chat_template_source(const CommandLine& options, const infer::Tokenizer& tokenizer) {
+    if (options.has("--chat-template")) {
+        std::string choice = options.text("--chat-template");
+        if (const char* builtin = chat::builtin_template(choice)) return builtin;
+        if (!std::filesystem::is_regular_file(choice))
+            infer::detail::fail("--chat-template ", choice,
+                                ": neither a built-in template (chatml, llama3, llama2) nor a readable file");
+        return infer::read_text_file(choice);
+    }
+    if (tokenizer.chat_template().empty())
+        infer::detail::fail(tokenizer.source(), " has no chat template (no chat_template in its tokenizer_config.json or "
+                            "GGUF metadata); choose one with --chat-template chatml|llama3|llama2|FILE");
+    return tokenizer.chat_template();
+}
+
+// The variables transformers passes besides the messages: the special tokens the tokenizer defines (an unset one is
+// left out, so `bos_token is defined` stays false for a model without one).
+infer::Json template_variables(const infer::Tokenizer& tokenizer) {
+    infer::Json::Object variables;
+    if (!tokenizer.bos_token().empty()) variables.emplace_back("bos_token", infer::Json(tokenizer.bos_token()));
+    if (!tokenizer.eos_token().empty()) variables.emplace_back("eos_token", infer::Json(tokenizer.eos_token()));
+    return infer::Json(std::move(variables));
+}
+
+int run_render_chat(const CommandLine& options) {
+    infer::Tokenizer tokenizer = open_tokenizer(options);
+    const std::string source = chat_template_source(options, tokenizer);
+    const infer::Json variables = template_variables(tokenizer);
+    return for_each_json_line([&](const infer::Json& request) {
+        const infer::Json* messages = request.find("messages");
+        if (!messages || !messages->is_array()) infer::detail::fail("each line needs an array field \"messages\"");
+        const infer::Json* generation = request.find("add_generation_prompt");
+        bool add_generation_prompt = generation && generation->is_bool() && generation->as_bool();
+        std::string text = chat::render(source, *messages, add_generation_prompt, variables);
+        // The template writes the special tokens itself, so nothing more is added (apply_chat_template's tokenize).
+        std::vector<int> ids = tokenizer.encode(text, false);
+        std::cout << "{\"text\":";
+        infer::detail::write_json_string(std::cout, text);
+        std::cout << ",\"ids\":";
+        write_ids(std::cout, ids);
+        std::cout << "}\n";
+    });
+}
+
+// An interactive chat: each line on stdin is a user turn; the reply streams to stdout. The whole conversation is
+// rendered and prefilled again every turn (the engine layer's prefix cache makes that cheap later).
+int run_chat(const CommandLine& options) {
+    if (!options.has("-m")) infer::detail::fail("infer chat needs -m PATH");
+    infer::LayerTimes load_times;
+    infer::Model model = load(options, load_times);
+    infer::Tokenizer tokenizer = infer::tokenizer_for(model);
+    const std::string source = chat_template_source(options, tokenizer);
+    const infer::Json variables = template_variables(tokenizer);
+    infer::SamplingParams params = sampling_params(options);
+    infer::ThreadPool pool(thread_count(options));
+    infer::Json::Array messages;
+    const bool interactive = ::isatty(0);
+    std::string line;
+    while (true) {
+        if (interactive) std::cerr << "> " << std::flush;
+        if (!std::getline(std::cin, line)) break;
+        if (line == "/exit" || line == "/quit") break;
+        if (line.empty()) continue;
+        messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("user"))},
+                                                           {"content", infer::Json(line)}}));
+        std::string prompt = chat::render(source, infer::Json(messages), true, variables);
+        infer::GenerationResult reply = infer::generate_from_ids(
+            model, pool, tokenizer.encode(prompt, false), params,
+            [](std::string_view text) { std::cout << text << std::flush; });
+        std::cout << '\n';
+        messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("assistant"))},
+                                                           {"content", infer::Json(reply.text)}}));
+        if (interactive)
+            std::cerr << "[" << reply.generated_ids.size() << " tokens, "
+                      << (reply.times.decode > 0 ? (reply.generated_ids.size() - 1) / reply.times.decode : 0.0) << " tokens/s]\n";
+    }
+    return 0;
+}
+
 int run_make_model(const CommandLine& options) {
     if (!options.has("-o")) infer::detail::fail("infer make-model needs -o DIR");
     infer::ModelShape shape;
@@ -198,6 +383,18 @@ int main(int argc, char** argv) {
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids"},
                                         {"--ignore-eos", "--ids"}, usage_text));
+        if (command == "tokenize")
+            return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
+        if (command == "detokenize")
+            return run_detokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {}, usage_text));
+        if (command == "render-chat")
+            return run_render_chat(CommandLine(argc, argv, 2, {"-m", "--tokenizer", "--chat-template"}, {}, usage_text));
+        if (command == "chat")
+            return run_chat(CommandLine(argc, argv, 2,
+                                        {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
+                                         "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
+                                         "--tokenizer", "--chat-template"},
+                                        {"--ignore-eos"}, usage_text));
         if (command == "logits")
             return run_logits(CommandLine(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "--tokenizer"}, {}, usage_text));
         if (command == "make-model")

@@ -132,3 +132,93 @@ TEST_CASE("errors: the program prints the message and exits non-zero") {
     CHECK(run.exit_code == 2);
     CHECK(contains(run.err, "unknown command \"frobnicate\""));
 }
+
+TEST_CASE("infer render-chat reproduces Hugging Face's renderings and ids for every chat family") {
+    REQUIRE_SHARED_OR_SKIP();
+    for (const char* family : {"llama3", "llama3-instruct", "qwen3"}) {
+        auto cases_path = test::shared_dir() / "chat" / family / "chat_cases.jsonl";
+        std::string input = infer::read_text_file(cases_path);
+        test::ProgramRun run = test::run_infer({"render-chat", "-m", (test::shared_dir() / "tokenizers" / family).string()}, input);
+        CAPTURE(run.err);
+        std::istringstream expected(input), produced(run.out);
+        std::string expected_line, produced_line;
+        int cases = 0;
+        while (std::getline(expected, expected_line)) {
+            REQUIRE(std::getline(produced, produced_line));
+            infer::Json want = infer::Json::parse(expected_line), got = infer::Json::parse(produced_line);
+            CAPTURE(family);
+            CAPTURE(want.at("case").as_string());
+            if (want.at("error").is_null()) {
+                CHECK(got.at("text").as_string() == want.at("rendered").as_string());
+                CHECK(test::ids_of(got.at("ids")) == test::ids_of(want.at("ids")));
+            } else {
+                CHECK(got.at("error").as_string() == want.at("error").as_string());
+            }
+            ++cases;
+        }
+        CHECK(cases == 16);
+    }
+}
+
+TEST_CASE("infer tokenize and detokenize speak JSON lines and match Hugging Face") {
+    REQUIRE_SHARED_OR_SKIP();
+    auto folder = test::shared_dir() / "tokenizers" / "llama3-instruct";
+    std::string cases = infer::read_text_file(folder / "cases.jsonl");
+    test::ProgramRun plain = test::run_infer({"tokenize", "-m", folder.string()}, cases);
+    test::ProgramRun special = test::run_infer({"tokenize", "-m", folder.string(), "--special"}, cases);
+    CHECK(plain.exit_code == 0);
+    std::istringstream expected(cases), got_plain(plain.out), got_special(special.out);
+    std::string line, a, b, ids_lines;
+    while (std::getline(expected, line)) {
+        infer::Json want = infer::Json::parse(line);
+        REQUIRE(std::getline(got_plain, a));
+        REQUIRE(std::getline(got_special, b));
+        CAPTURE(want.at("text").as_string());
+        CHECK(test::ids_of(infer::Json::parse(a).at("ids")) == test::ids_of(want.at("ids")));
+        CHECK(test::ids_of(infer::Json::parse(b).at("ids")) == test::ids_of(want.at("ids_with_special")));
+        ids_lines += a + "\n";
+    }
+    test::ProgramRun decoded = test::run_infer({"detokenize", "-m", (folder / "tokenizer.json").string()}, ids_lines);
+    CHECK(decoded.exit_code == 0);
+    std::istringstream expected_again(cases), got_text(decoded.out);
+    while (std::getline(expected_again, line)) {
+        REQUIRE(std::getline(got_text, a));
+        CHECK(infer::Json::parse(a).at("text").as_string() == infer::Json::parse(line).at("decoded").as_string());
+    }
+    // A bad line gets an error line; the others still get their answer; the exit code reports the failure.
+    test::ProgramRun mixed = test::run_infer({"tokenize", "-m", folder.string()}, "{\"text\": \"ok\"}\nnot json\n{\"text\": \"\\ud800\"}\n");
+    CHECK(mixed.exit_code == 1);
+    CHECK(contains(mixed.out, "{\"ids\":[564]}"));
+    CHECK(contains(mixed.out, "stdin line 2: invalid JSON"));
+}
+
+TEST_CASE("a model or tokenizer without a chat template says so and names the way out") {
+    REQUIRE_SHARED_OR_SKIP();
+    std::string request = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"add_generation_prompt\": true}\n";
+    test::ProgramRun run = test::run_infer({"render-chat", "-m", (test::shared_dir() / "tokenizers/mistral").string()}, request);
+    CHECK(run.exit_code == 1);
+    CHECK(contains(run.err, "has no chat template"));
+    CHECK(contains(run.err, "--chat-template"));
+    run = test::run_infer({"render-chat", "-m", (test::shared_dir() / "tokenizers/mistral").string(), "--chat-template", "llama2"}, request);
+    CHECK(run.exit_code == 0);
+    CHECK(contains(run.out, "\"text\":\"<s>[INST] hi [/INST]\""));
+    run = test::run_infer({"render-chat", "-m", (test::shared_dir() / "tokenizers/mistral").string(), "--chat-template", "nope"}, request);
+    CHECK(run.exit_code == 1);
+    CHECK(contains(run.err, "--chat-template nope: neither a built-in template"));
+}
+
+TEST_CASE("infer generate takes text for a Hugging Face folder through its tokenizer.json") {
+    REQUIRE_SHARED_OR_SKIP();
+    // A small random model with Llama 2's 32000-token vocabulary, and Llama 2's tokenizer files beside it.
+    test::TempDir dir("hf-text");
+    auto folder = dir / "m";
+    infer::save_random_model(folder, {.dim = 32, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 64,
+                                      .vocab_size = 32000, .context_length = 128}, infer::DType::BF16, 9);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+        std::filesystem::copy_file(test::shared_dir() / "tokenizers/llama2" / file, folder / file);
+    test::ProgramRun run = test::run_infer({"generate", "-m", folder.string(), "-p", "Hello world", "-n", "3", "--temp", "0",
+                                            "--ignore-eos", "--ids"});
+    CAPTURE(run.err);
+    CHECK(run.exit_code == 0);
+    CHECK(contains(run.out, "\"prompt_ids\":[1,15043,3186]"));
+}
