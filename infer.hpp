@@ -1088,6 +1088,22 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
     Json config_json = Json::parse(read_text_file(config_path), config_path.string());
     if (!config_json.is_object()) detail::fail(config_path.string(), ": not a JSON object");
     model.config = detail::config_from_hugging_face(config_json, config_path.string());
+    // generation_config.json often lists more end ids than config.json (Llama 3 Instruct: <|eot_id|> as well).
+    if (auto generation_path = folder / "generation_config.json"; std::filesystem::exists(generation_path)) {
+        Json generation = Json::parse(read_text_file(generation_path), generation_path.string());
+        if (const Json* eos = generation.find("eos_token_id")) {
+            std::vector<const Json*> ids;
+            if (eos->is_number()) ids.push_back(eos);
+            if (eos->is_array())
+                for (const Json& id : eos->as_array()) ids.push_back(&id);
+            for (const Json* id : ids) {
+                if (!id->is_number()) detail::fail(generation_path.string(), ": eos_token_id holds a value that is not a token id");
+                int value = static_cast<int>(id->as_int());
+                if (std::find(model.config.eos_ids.begin(), model.config.eos_ids.end(), value) == model.config.eos_ids.end())
+                    model.config.eos_ids.push_back(value);
+            }
+        }
+    }
 
     std::unordered_map<std::string, Tensor> tensors;
     std::unordered_map<std::string, std::string> tensor_file;  // for messages
@@ -4681,9 +4697,13 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     KVCache cache(c, (total + 15) / 16, 16);
     cache.reserve(0, total);
     ForwardPass forward(model, pool);
+    std::optional<Tokenizer> own_tokenizer;
+    if (!tokenizer && has_tokenizer(model)) tokenizer = &own_tokenizer.emplace(tokenizer_for(model));
     std::optional<TextStream> stream;
     if (tokenizer) stream.emplace(*tokenizer, result.prompt_ids.back());
-    else if (has_tokenizer(model)) stream.emplace(tokenizer_for(model), result.prompt_ids.back());
+    // Stop at the model's EOS ids and at the tokenizer's (a chat model's end-of-turn token, e.g. <|im_end|>), as vLLM.
+    std::vector<int> stop_ids = c.eos_ids;
+    if (tokenizer) stop_ids.insert(stop_ids.end(), tokenizer->eos_ids().begin(), tokenizer->eos_ids().end());
 
     Batch batch;
     for (int i = 0; i < prompt_length; ++i) batch.add(result.prompt_ids[i], i, 0, i == prompt_length - 1);
@@ -4698,7 +4718,7 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
         logits.assign(row.begin(), row.end());
         int next = sampler.sample(logits);
         result.times.sample += clock.seconds();
-        if (!params.ignore_eos && std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) {
+        if (!params.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
             result.finish_reason = "stop";
             break;
         }

@@ -733,7 +733,10 @@ private:
         } else if (word == "set") {
             do {
                 std::string target = expect_identifier();
-                if (accept_op(".")) target += "." + expect_identifier();
+                if (accept_op(".")) {
+                    target += '.';
+                    target += expect_identifier();
+                }
                 s->targets.push_back(target);
             } while (accept_op(","));
             if (accept_op("=")) {
