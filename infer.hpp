@@ -4252,7 +4252,7 @@ struct Product {
 inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
     size_t total_rows = 0;
     for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
-    pool.run(total_rows, [&](size_t begin, size_t end, int) {
+    auto rows = [&](size_t begin, size_t end, int) {
         size_t first_row = 0;  // of the current product, in the concatenated numbering
         for (const Product& p : products) {
             const size_t N = static_cast<size_t>(p.w.rows());
@@ -4271,7 +4271,11 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
             }
             first_row += N;
         }
-    });
+    };
+    // Waking the pool costs microseconds; a product of fewer multiply-adds than that is done on this thread alone.
+    const size_t multiply_adds = total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T);
+    if (multiply_adds < (size_t{1} << 16)) rows(0, total_rows, 0);
+    else pool.run(total_rows, rows);
 }
 
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.

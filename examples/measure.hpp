@@ -28,7 +28,7 @@ inline Bandwidth memory_bandwidth(infer::ThreadPool& pool, size_t buffer_bytes =
     // multi-socket machine, live next to the thread that reads them.
     std::unique_ptr<uint64_t[]> buffer(new uint64_t[words]);
     pool.run(words, [&](size_t begin, size_t end, int) {
-        for (size_t i = begin; i < end; ++i) buffer[i] = i * 0x9E3779B97F4A7C15ull;
+        for (size_t i = begin; i < end; ++i) buffer[i] = 0x3F8000003F800000ull;  // two floats of 1.0: no denormals to slow the adds
     });
 
     Bandwidth result{0, words * sizeof(uint64_t), passes, pool.size()};
@@ -37,17 +37,15 @@ inline Bandwidth memory_bandwidth(infer::ThreadPool& pool, size_t buffer_bytes =
         infer::Stopwatch clock;
         // Work is handed out in 64-byte cache lines, so each thread's share is whole lines and needs no tail loop.
         pool.run(words / 8, [&](size_t begin, size_t end, int thread) {
-            // Four independent sums let the compiler keep several vector loads in flight; one sum would make each
-            // add wait for the previous one, and the loop would time the adder instead of the memory.
-            const uint64_t* line = buffer.get() + begin * 8;
-            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            for (size_t n = begin; n < end; ++n, line += 8) {
-                s0 += line[0] + line[4];
-                s1 += line[1] + line[5];
-                s2 += line[2] + line[6];
-                s3 += line[3] + line[7];
-            }
-            sums[static_cast<size_t>(thread)] = s0 + s1 + s2 + s3;
+            // Sixteen float lanes, the shape of the matmul kernel's loop without its multiply: the compiler turns
+            // them into vector registers, so the loop issues loads as fast as the core can and times the memory.
+            const float* line = reinterpret_cast<const float*>(buffer.get() + begin * 8);
+            float lanes[16] = {};
+            for (size_t n = begin; n < end; ++n, line += 16)
+                for (int lane = 0; lane < 16; ++lane) lanes[lane] += line[lane];
+            uint64_t sum = 0;
+            for (float lane : lanes) sum += static_cast<uint64_t>(lane != 0);
+            sums[static_cast<size_t>(thread)] = sum;
         });
         double seconds = clock.seconds();
         result.bytes_per_second = std::max(result.bytes_per_second, static_cast<double>(result.buffer_bytes) / seconds);

@@ -222,3 +222,16 @@ TEST_CASE("infer generate takes text for a Hugging Face folder through its token
     CHECK(run.exit_code == 0);
     CHECK(contains(run.out, "\"prompt_ids\":[1,15043,3186]"));
 }
+
+TEST_CASE("infer chat answers each stdin line through the template, keeping the conversation") {
+    REQUIRE_SHARED_OR_SKIP();
+    auto model = test::shared_dir() / "models/stories260K/stories260K.gguf";
+    test::ProgramRun run = test::run_infer({"chat", "-m", model.string(), "--chat-template", "llama2", "-n", "12", "--temp", "0"},
+                                           "Once upon a time\nThe cat\n");
+    CAPTURE(run.err);
+    CHECK(run.exit_code == 0);
+    CHECK(std::count(run.out.begin(), run.out.end(), '\n') == 2);  // one reply per turn
+    test::ProgramRun without = test::run_infer({"chat", "-m", model.string()}, "hi\n");
+    CHECK(without.exit_code == 1);
+    CHECK(contains(without.err, "has no chat template"));
+}
