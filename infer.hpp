@@ -1007,43 +1007,62 @@ inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile
 
 namespace detail {
 
-// Points a Model's weights at tensors named as Hugging Face's Llama/Qwen modeling code names them.
-inline void attach_hugging_face_tensors(Model& model, const std::unordered_map<std::string, Tensor>& tensors) {
+// What each format calls the tensors of a Llama-family model. Layer names are "<prefix><i>.<name>".
+struct TensorNames {
+    const char *embedding, *final_norm, *lm_head, *layer_prefix;
+    const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+inline constexpr TensorNames hugging_face_names{
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight"};
+
+inline constexpr TensorNames gguf_names{
+    "token_embd.weight", "output_norm.weight", "output.weight", "blk.",
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q.bias",
+    "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
+    "ffn_up.weight", "ffn_down.weight"};
+
+// Points a Model's weights at the tensors of a file, by the format's names. The classifier is the embedding when the
+// config says tied and the file has no separate one (some tied checkpoints still ship it: then the file decides, so
+// the parameter count stays honest). Shapes are checked afterwards, by validate_model.
+inline void attach_tensors(Model& model, const std::unordered_map<std::string, Tensor>& tensors, const TensorNames& names) {
     auto take = [&](const std::string& name) -> Tensor {
         auto found = tensors.find(name);
         if (found == tensors.end()) fail(model.source, ": missing tensor ", name);
         return found->second;
     };
-    const ModelConfig& c = model.config;
-    model.embedding = take("model.embed_tokens.weight");
-    model.final_norm = take("model.norm.weight");
-    // Some tied checkpoints still ship lm_head.weight: the file decides, so the parameter count stays honest.
-    model.config.tied_embeddings = c.tied_embeddings && !tensors.count("lm_head.weight");
-    model.lm_head = model.config.tied_embeddings ? model.embedding : take("lm_head.weight");
+    ModelConfig& c = model.config;
+    model.embedding = take(names.embedding);
+    model.final_norm = take(names.final_norm);
+    c.tied_embeddings = c.tied_embeddings && !tensors.count(names.lm_head);
+    model.lm_head = c.tied_embeddings ? model.embedding : take(names.lm_head);
     for (int i = 0; i < c.n_layers; ++i) {
-        std::string p = "model.layers." + std::to_string(i) + ".";
+        const std::string p = names.layer_prefix + std::to_string(i) + ".";
         LayerWeights layer;
-        layer.attn_norm = take(p + "input_layernorm.weight");
-        layer.wq = take(p + "self_attn.q_proj.weight");
-        layer.wk = take(p + "self_attn.k_proj.weight");
-        layer.wv = take(p + "self_attn.v_proj.weight");
-        layer.wo = take(p + "self_attn.o_proj.weight");
+        layer.attn_norm = take(p + names.attn_norm);
+        layer.wq = take(p + names.wq);
+        layer.wk = take(p + names.wk);
+        layer.wv = take(p + names.wv);
+        layer.wo = take(p + names.wo);
         if (c.qkv_bias) {
-            layer.bq = take(p + "self_attn.q_proj.bias");
-            layer.bk = take(p + "self_attn.k_proj.bias");
-            layer.bv = take(p + "self_attn.v_proj.bias");
+            layer.bq = take(p + names.bq);
+            layer.bk = take(p + names.bk);
+            layer.bv = take(p + names.bv);
         }
         if (c.qk_norm) {
-            layer.q_norm = take(p + "self_attn.q_norm.weight");
-            layer.k_norm = take(p + "self_attn.k_norm.weight");
+            layer.q_norm = take(p + names.q_norm);
+            layer.k_norm = take(p + names.k_norm);
         }
-        layer.ffn_norm = take(p + "post_attention_layernorm.weight");
-        layer.w_gate = take(p + "mlp.gate_proj.weight");
-        layer.w_up = take(p + "mlp.up_proj.weight");
-        layer.w_down = take(p + "mlp.down_proj.weight");
+        layer.ffn_norm = take(p + names.ffn_norm);
+        layer.w_gate = take(p + names.w_gate);
+        layer.w_up = take(p + names.w_up);
+        layer.w_down = take(p + names.w_down);
         model.layers.push_back(std::move(layer));
     }
-    validate_model(model);
 }
 
 }  // namespace detail
@@ -1132,7 +1151,8 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
         detail::fail(folder.string(), ": no model.safetensors or model.safetensors.index.json");
     }
 
-    detail::attach_hugging_face_tensors(model, tensors);
+    detail::attach_tensors(model, tensors, detail::hugging_face_names);
+    detail::validate_model(model);
     return model;
 }
 
@@ -1428,39 +1448,10 @@ inline Model load_gguf(const std::filesystem::path& path) {
         if (std::find(c.eos_ids.begin(), c.eos_ids.end(), eot) == c.eos_ids.end()) c.eos_ids.push_back(eot);
     }
 
-    auto take = [&](const std::string& name) -> Tensor {
-        auto found = gguf.tensors.find(name);
-        if (found == gguf.tensors.end()) detail::fail(model.source, ": missing tensor ", name);
-        return found->second;
-    };
-    model.embedding = take("token_embd.weight");
+    // GGUF has no tie flag: a file without output.weight reads its classifier from the embedding.
+    c.tied_embeddings = true;
+    detail::attach_tensors(model, gguf.tensors, detail::gguf_names);
     c.vocab_size = static_cast<int>(model.embedding.rows());
-    model.final_norm = take("output_norm.weight");
-    c.tied_embeddings = !gguf.tensors.count("output.weight");
-    model.lm_head = c.tied_embeddings ? model.embedding : take("output.weight");
-    for (int i = 0; i < c.n_layers; ++i) {
-        std::string p = "blk." + std::to_string(i) + ".";
-        LayerWeights layer;
-        layer.attn_norm = take(p + "attn_norm.weight");
-        layer.wq = take(p + "attn_q.weight");
-        layer.wk = take(p + "attn_k.weight");
-        layer.wv = take(p + "attn_v.weight");
-        layer.wo = take(p + "attn_output.weight");
-        if (c.qkv_bias) {
-            layer.bq = take(p + "attn_q.bias");
-            layer.bk = take(p + "attn_k.bias");
-            layer.bv = take(p + "attn_v.bias");
-        }
-        if (c.qk_norm) {
-            layer.q_norm = take(p + "attn_q_norm.weight");
-            layer.k_norm = take(p + "attn_k_norm.weight");
-        }
-        layer.ffn_norm = take(p + "ffn_norm.weight");
-        layer.w_gate = take(p + "ffn_gate.weight");
-        layer.w_up = take(p + "ffn_up.weight");
-        layer.w_down = take(p + "ffn_down.weight");
-        model.layers.push_back(std::move(layer));
-    }
     // Llama 3's frequency scaling is baked into the file as per-frequency divisors.
     if (auto found = gguf.tensors.find("rope_freqs.weight"); found != gguf.tensors.end()) {
         const Tensor& freqs = found->second;
@@ -4868,7 +4859,7 @@ inline Model demo_model() {
         model.owned.push_back(std::move(data.bytes));
         tensors[data.name] = Tensor{data.name, data.dtype, data.shape, model.owned.back().data()};
     }
-    detail::attach_hugging_face_tensors(model, tensors);
+    detail::attach_tensors(model, tensors, detail::hugging_face_names);
     Vocabulary& vocab = model.vocab;
     auto add = [&](std::string piece, Vocabulary::Type type) {
         vocab.pieces.push_back(std::move(piece));
@@ -4884,6 +4875,7 @@ inline Model demo_model() {
         add(piece, Vocabulary::Type::Byte);
     }
     add("\xE2\x96\x81", Vocabulary::Type::Normal);
+    detail::validate_model(model);
     return model;
 }
 
