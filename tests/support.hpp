@@ -79,6 +79,18 @@ std::string error_of(Body&& body) {
     return "";
 }
 
+// Feeds ids to a TextStream one at a time; every piece it returns must be whole UTF-8. Returns their concatenation.
+inline std::string stream_decode(const infer::Tokenizer& tokenizer, const std::vector<int>& ids) {
+    infer::TextStream stream(tokenizer);
+    std::string streamed;
+    for (int id : ids) {
+        std::string piece = stream.push(id);
+        CHECK(infer::detail::find_invalid_utf8(piece) == std::string_view::npos);
+        streamed += piece;
+    }
+    return streamed + stream.finish();
+}
+
 struct ProgramRun {
     int exit_code = -1;
     std::string out, err;

@@ -21,8 +21,6 @@ const infer::Tokenizer& tokenizer_of(const std::string& family) {
     return found->second;
 }
 
-bool valid_utf8(std::string_view text) { return infer::detail::find_invalid_utf8(text) == std::string_view::npos; }
-
 // A minimal tokenizer.json around the given components (a few-token byte-level vocabulary).
 std::string tokenizer_json(const std::string& normalizer, const std::string& pre_tokenizer, const std::string& decoder,
                            const std::string& model_type = "BPE", const std::string& post = "null") {
@@ -65,14 +63,7 @@ TEST_CASE("the incremental decoder, fed one id at a time, gives the full decode 
             CAPTURE(family);
             CAPTURE(c.at("text").as_string());
             std::vector<int> ids = test::ids_of(c.at("ids_with_special"));
-            infer::TextStream stream(tokenizer);
-            std::string streamed;
-            for (int id : ids) {
-                std::string piece = stream.push(id);
-                CHECK(valid_utf8(piece));
-                streamed += piece;
-            }
-            streamed += stream.finish();
+            std::string streamed = test::stream_decode(tokenizer, ids);
             CHECK(streamed == tokenizer.decode(ids));
         }
     }
