@@ -6,11 +6,13 @@
 //   1. Prelude            errors, memory-mapped files, a JSON reader, bf16/f16, timers, a thread pool
 //   2. Weights on disk    safetensors (+ config.json), GGUF v3, llama2.c .bin → one Model   (chapter 02)
 //   3. Tokenizer          SentencePiece scores and Hugging Face BPE (tokenizer.json, GGUF)    (chapter 03)
-//   4. KV cache           a pool of fixed-size blocks and a block table per sequence         (chapter 05)
+//   4. KV cache           a pool of fixed-size blocks, block tables, prefix caching (LRU)    (chapter 05)
 //   5. Forward pass       one function for prefill and decode over a batch of tokens         (chapter 04)
 //   6. Sampler            temperature, top-k, top-p, min-p, penalties, seeded                (chapter 04)
 //   7. Generation         one request end to end, timed layer by layer                       (chapter 01)
-//   8. Model factory      random-weight models: the built-in demo and `infer make-model`     (chapter 02)
+//   8. Scheduler          continuous batching: decode first, chunked prefill, preemption     (chapter 06)
+//   9. Engine             many requests at once: step() → events; EngineLoop; Chrome traces  (chapter 06, 08)
+//  10. Model factory      random-weight models: the built-in demo and `infer make-model`     (chapter 02)
 //
 // Quick start (compile with -std=c++20 -O2 -march=native -pthread):
 //
@@ -52,6 +54,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -68,6 +71,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <variant>
@@ -4020,7 +4024,10 @@ private:
 // 4. KV CACHE — each layer's keys and values for every token a sequence has seen, so decode computes one new token's
 //    K/V instead of the whole prefix again. Memory is a pool of fixed-size blocks (B tokens each); a sequence owns a
 //    block table that maps position p to block table[p / B], slot p % B, so sequences grow without copying and without
-//    reserving their maximum length up front. Cost: 2 × L × Hkv × Dh × 4 bytes per token (f32).  (chapter 05)
+//    reserving their maximum length up front. Cost: 2 × L × Hkv × Dh × 4 bytes per token (f32).
+//    Prefix caching: a full block is named by a hash chained over (parent block's hash, its B token ids), so two
+//    prompts that start alike share their first blocks (reference counts), and a finished request's blocks stay cached
+//    until the pool needs them back (least recently used first). A hit skips the prefill of those tokens.  (chapter 05)
 // =====================================================================================================================
 
 class KVCache {
@@ -4031,8 +4038,11 @@ public:
         if (block_size <= 0) detail::fail("KV cache block size must be positive, found ", block_size);
         if (num_blocks <= 0) detail::fail("KV cache needs at least one block, found ", num_blocks);
         size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
-        keys_.assign(floats, 0.0f);
-        values_.assign(floats, 0.0f);
+        // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
+        // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
+        keys_.reset(new float[floats]);
+        values_.reset(new float[floats]);
+        blocks_.resize(static_cast<size_t>(num_blocks_));
         for (int block = num_blocks_ - 1; block >= 0; --block) free_blocks_.push_back(block);
     }
 
@@ -4040,54 +4050,177 @@ public:
     static size_t bytes_per_token(const ModelConfig& c) {
         return 2 * sizeof(float) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
     }
+    // How many blocks a memory budget buys (at least one).
+    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size) {
+        size_t per_block = bytes_per_token(c) * static_cast<size_t>(std::max(block_size, 1));
+        return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
+    }
 
     int block_size() const { return block_size_; }
     int num_blocks() const { return num_blocks_; }
-    int free_block_count() const { return static_cast<int>(free_blocks_.size()); }
     int capacity_tokens() const { return num_blocks_ * block_size_; }
+    // The pool's three states: held by a sequence, cached (no holder, still named by its hash: reusable, and
+    // evictable when the free list runs dry), and free (holding nothing anyone can find).
+    int used_block_count() const { return num_blocks_ - free_block_count() - cached_block_count(); }
+    int cached_block_count() const { return static_cast<int>(evictable_.size()); }
+    int free_block_count() const { return static_cast<int>(free_blocks_.size()); }
+    int available_block_count() const { return free_block_count() + cached_block_count(); }
+
+    void set_prefix_caching(bool on) { prefix_caching_ = on; }
+    bool prefix_caching() const { return prefix_caching_; }
 
     // Grows a sequence's block table to hold positions [0, n_tokens). Returns false, changing nothing, when the pool
-    // has too few free blocks: running out is an expected outcome the scheduler handles, not an error.
+    // has too few free or evictable blocks: running out is an expected outcome the scheduler handles, not an error.
     bool reserve(int sequence, int n_tokens) {
-        std::vector<int>& table = tables_[sequence];
+        std::vector<int>& table = sequences_[sequence].table;
         size_t needed = static_cast<size_t>((n_tokens + block_size_ - 1) / block_size_);
         if (needed <= table.size()) return true;
-        if (needed - table.size() > free_blocks_.size()) return false;
-        while (table.size() < needed) {
-            table.push_back(free_blocks_.back());
-            free_blocks_.pop_back();
-        }
+        if (needed - table.size() > static_cast<size_t>(available_block_count())) return false;
+        while (table.size() < needed) table.push_back(take_block());
         return true;
     }
 
-    void release(int sequence) {
-        auto found = tables_.find(sequence);
-        if (found == tables_.end()) return;
-        for (int block : found->second) free_blocks_.push_back(block);
-        tables_.erase(found);
+    // Attaches the cached blocks that hold a prefix of `tokens` to a sequence that holds none yet, and returns how many
+    // tokens they cover (a multiple of B). At most tokens.size() - 1 are taken: the last token is always computed
+    // again, because the next token's logits come from its forward pass (vLLM does the same).
+    int match_prefix(int sequence, std::span<const int> tokens) {
+        SequenceBlocks& s = sequences_[sequence];
+        if (!prefix_caching_ || !s.table.empty() || tokens.empty()) return 0;
+        const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
+        uint64_t parent = 0;
+        for (size_t i = 0; i < full_blocks; ++i) {
+            std::span<const int> ids = tokens.subspan(i * block_size_, static_cast<size_t>(block_size_));
+            uint64_t hash = hash_block(parent, ids);
+            auto found = by_hash_.find(hash);
+            if (found == by_hash_.end()) break;
+            Block& block = blocks_[static_cast<size_t>(found->second)];
+            // The hash names the block; the stored ids prove it (a 64-bit collision would otherwise mix two prompts).
+            if (block.parent != parent || !std::equal(ids.begin(), ids.end(), block.tokens.begin())) break;
+            if (block.ref_count++ == 0) evictable_.erase(block.last_used);
+            s.table.push_back(found->second);
+            s.hashed_blocks = static_cast<int>(i + 1);
+            s.last_hash = hash;
+            parent = hash;
+        }
+        return s.hashed_blocks * block_size_;
     }
 
-    const std::vector<int>& block_table(int sequence) const {
-        auto found = tables_.find(sequence);
-        if (found == tables_.end()) detail::fail("KV cache: sequence ", sequence, " has no blocks");
-        return found->second;
+    // After a forward pass: names the sequence's blocks that are now full and computed (`tokens` are all its ids so
+    // far, prompt then output; the first n_computed have K/V in the cache), so later requests can find them.
+    void commit(int sequence, std::span<const int> tokens, int n_computed) {
+        if (!prefix_caching_) return;
+        SequenceBlocks& s = sequences_.at(sequence);
+        const int full = std::min<int>(n_computed / block_size_, static_cast<int>(s.table.size()));
+        for (int i = s.hashed_blocks; i < full; ++i) {
+            std::span<const int> ids = tokens.subspan(static_cast<size_t>(i) * block_size_, static_cast<size_t>(block_size_));
+            uint64_t hash = hash_block(s.last_hash, ids);
+            Block& block = blocks_[static_cast<size_t>(s.table[i])];
+            // Another sequence may have computed the same block in the same step: the first one keeps the name and this
+            // copy stays anonymous (freed, not cached, on release).
+            if (!block.hashed && !by_hash_.count(hash)) {
+                block.hashed = true;
+                block.hash = hash;
+                block.parent = s.last_hash;
+                block.tokens.assign(ids.begin(), ids.end());
+                by_hash_[hash] = s.table[i];
+            }
+            s.last_hash = hash;
+            s.hashed_blocks = i + 1;
+        }
     }
+
+    // Drops a sequence's hold on its blocks. Named blocks nobody holds become cached; the tail of the sequence is
+    // released first, so it is evicted first (a prefix is worth more than the tail that depends on it).
+    void release(int sequence) {
+        auto found = sequences_.find(sequence);
+        if (found == sequences_.end()) return;
+        const std::vector<int>& table = found->second.table;
+        for (auto it = table.rbegin(); it != table.rend(); ++it) {
+            Block& block = blocks_[static_cast<size_t>(*it)];
+            if (--block.ref_count > 0) continue;
+            if (block.hashed) {
+                block.last_used = ++clock_;
+                evictable_[block.last_used] = *it;
+            } else {
+                free_blocks_.push_back(*it);
+            }
+        }
+        sequences_.erase(found);
+    }
+
+    bool has_sequence(int sequence) const { return sequences_.count(sequence) > 0; }
+    const std::vector<int>& block_table(int sequence) const {
+        auto found = sequences_.find(sequence);
+        if (found == sequences_.end()) detail::fail("KV cache: sequence ", sequence, " has no blocks");
+        return found->second.table;
+    }
+    int ref_count(int block) const { return blocks_.at(static_cast<size_t>(block)).ref_count; }
 
     // [Hkv × Dh] keys or values of one token: layer, block, slot.
-    float* key(int layer, int block, int slot) { return keys_.data() + offset(layer, block, slot); }
-    float* value(int layer, int block, int slot) { return values_.data() + offset(layer, block, slot); }
-    const float* key(int layer, int block, int slot) const { return keys_.data() + offset(layer, block, slot); }
-    const float* value(int layer, int block, int slot) const { return values_.data() + offset(layer, block, slot); }
+    float* key(int layer, int block, int slot) { return keys_.get() + offset(layer, block, slot); }
+    float* value(int layer, int block, int slot) { return values_.get() + offset(layer, block, slot); }
+    const float* key(int layer, int block, int slot) const { return keys_.get() + offset(layer, block, slot); }
+    const float* value(int layer, int block, int slot) const { return values_.get() + offset(layer, block, slot); }
 
 private:
+    struct Block {
+        int ref_count = 0;        // sequences whose tables hold it
+        bool hashed = false;      // full, computed and findable by hash
+        uint64_t hash = 0, parent = 0;
+        uint64_t last_used = 0;   // release tick: the LRU order of cached blocks
+        std::vector<int> tokens;  // [B] the ids it holds, to confirm a hash match
+    };
+    struct SequenceBlocks {
+        std::vector<int> table;  // block of positions [i·B, (i+1)·B)
+        int hashed_blocks = 0;   // table[0, hashed_blocks) are named
+        uint64_t last_hash = 0;  // the name of table[hashed_blocks - 1] (0 before the first)
+    };
+
+    // FNV-1a over the parent's hash and the ids, then a final mix: cheap, and chained so a block's name depends on
+    // everything before it (the same ids after a different prefix have different K/V).
+    static uint64_t hash_block(uint64_t parent, std::span<const int> ids) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        auto mix = [&h](uint64_t word) {
+            for (int byte = 0; byte < 8; ++byte) h = (h ^ ((word >> (8 * byte)) & 0xFF)) * 0x100000001b3ull;
+        };
+        mix(parent);
+        for (int id : ids) mix(static_cast<uint32_t>(id));
+        h ^= h >> 33;
+        return (h * 0xff51afd7ed558ccdull) | 1;  // never 0: 0 is "no parent"
+    }
+
+    // A free block, else the least recently released cached one (its name is forgotten).
+    int take_block() {
+        int id;
+        if (!free_blocks_.empty()) {
+            id = free_blocks_.back();
+            free_blocks_.pop_back();
+        } else {
+            auto oldest = evictable_.begin();
+            id = oldest->second;
+            evictable_.erase(oldest);
+            Block& block = blocks_[static_cast<size_t>(id)];
+            by_hash_.erase(block.hash);
+            block.hashed = false;
+            block.tokens.clear();
+        }
+        blocks_[static_cast<size_t>(id)].ref_count = 1;
+        return id;
+    }
+
     size_t offset(int layer, int block, int slot) const {
         return ((static_cast<size_t>(layer) * num_blocks_ + block) * block_size_ + slot) * token_width_;
     }
 
     int layers_, block_size_, num_blocks_, token_width_;
-    std::vector<float> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
+    std::unique_ptr<float[]> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
+    std::vector<Block> blocks_;               // [num_blocks]
     std::vector<int> free_blocks_;
-    std::unordered_map<int, std::vector<int>> tables_;
+    std::map<uint64_t, int> evictable_;           // release tick → cached block nobody holds, oldest first
+    std::unordered_map<uint64_t, int> by_hash_;   // hash → named block
+    std::unordered_map<int, SequenceBlocks> sequences_;
+    bool prefix_caching_ = true;
+    uint64_t clock_ = 0;
 };
 
 // =====================================================================================================================
@@ -4750,7 +4883,635 @@ inline GenerationResult generate(const Model& model, ThreadPool& pool, std::stri
 }
 
 // =====================================================================================================================
-// 8. MODEL FACTORY — models with random weights and a known shape: the built-in demo model (so the first command works
+// 8. SCHEDULER — which tokens go into the next forward pass. Continuous batching (Orca, vLLM, nano-vllm): every step
+//    first gives each running sequence its one decode token, then fills what is left of the token budget with prefill
+//    chunks of sequences still reading their prompt (chunked prefill), admitting waiting requests first come, first
+//    served. When the KV pool runs dry the most recently admitted sequence is preempted: its blocks are released and it
+//    waits again, to recompute its prompt and output later (the prefix cache often makes that cheap). The static
+//    policy, the baseline, admits a batch and runs it to the end before admitting more. Cost: O(sequences) per step,
+//    nothing next to the forward pass.  (chapter 06)
+// =====================================================================================================================
+
+enum class SchedulePolicy { Continuous, Static };
+
+struct SchedulerConfig {
+    SchedulePolicy policy = SchedulePolicy::Continuous;
+    int max_batch_tokens = 512;  // tokens per forward pass: bounds a step's latency (and the activations' memory)
+    int max_seqs = 64;           // sequences running at once
+};
+
+// One request's tokens as the scheduler sees them: the ids so far (prompt, then output) and how many of them have
+// their K/V in the cache. tokens.size() - computed == 1 is a decode; more is (the rest of) a prefill.
+struct Sequence {
+    int id = 0;
+    std::vector<int> tokens;
+    int prompt_length = 0;
+    int computed = 0;
+    int cached_tokens = 0;  // prefix-cache hits at the last admission
+    int preemptions = 0;
+    int remaining() const { return static_cast<int>(tokens.size()) - computed; }
+};
+
+// A run of one sequence's tokens in this step's batch: tokens[start, start + count). `sample` is set when the run
+// reaches the sequence's last token, so its logits pick the next one.
+struct ScheduledChunk {
+    Sequence* sequence;
+    int start, count;
+    bool sample;
+};
+
+struct SchedulePlan {
+    std::vector<ScheduledChunk> chunks;
+    int prefill_tokens = 0, decode_tokens = 0;
+    int preemptions = 0;
+    int prefix_hit_tokens = 0;  // tokens admitted sequences found in the prefix cache
+};
+
+class Scheduler {
+public:
+    explicit Scheduler(SchedulerConfig config) : config_(config) {
+        if (config.max_batch_tokens <= 0) detail::fail("scheduler: max_batch_tokens must be positive, found ", config.max_batch_tokens);
+        if (config.max_seqs <= 0) detail::fail("scheduler: max_seqs must be positive, found ", config.max_seqs);
+    }
+
+    const SchedulerConfig& config() const { return config_; }
+    void add(Sequence* sequence) { waiting_.push_back(sequence); }
+    bool empty() const { return waiting_.empty() && running_.empty(); }
+    size_t waiting_count() const { return waiting_.size(); }
+    size_t running_count() const { return running_.size(); }
+
+    // Forgets a finished or cancelled sequence (its blocks are the caller's to release).
+    void remove(const Sequence* sequence) {
+        std::erase(running_, sequence);
+        std::erase(waiting_, sequence);
+    }
+
+    SchedulePlan schedule(KVCache& cache) {
+        SchedulePlan plan;
+        int budget = config_.max_batch_tokens;
+        // Decode tokens first: a running sequence waits at most one step for its next token. Then the partial prefills.
+        for (int pass = 0; pass < 2; ++pass) {
+            for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+                Sequence* s = running_[i];
+                if ((pass == 0) != (s->remaining() == 1) || planned(plan, s)) continue;
+                int count = std::min(s->remaining(), budget);
+                if (!make_room(cache, plan, budget, s, s->computed + count)) continue;  // s itself was preempted
+                budget -= count;
+                add_chunk(plan, s, count);
+                i = index_of(s);  // preemptions may have shifted the list
+            }
+        }
+        // Admissions. Continuous: while the budget lasts. Static: only into an empty batch, then that batch runs to
+        // its end (its members get prefill chunks in later steps if this one's budget is spent).
+        const bool admit = config_.policy == SchedulePolicy::Continuous || running_.empty();
+        while (admit && !waiting_.empty() && static_cast<int>(running_.size()) < config_.max_seqs &&
+               (budget > 0 || config_.policy == SchedulePolicy::Static)) {
+            Sequence* s = waiting_.front();
+            int hit = cache.match_prefix(s->id, s->tokens);
+            s->computed = hit;
+            int count = std::min(s->remaining(), budget);
+            // A new sequence never preempts a running one: if its blocks are not there, it waits (first come, first
+            // served: nobody behind it jumps the queue).
+            if (!cache.reserve(s->id, s->computed + count)) {
+                cache.release(s->id);
+                s->computed = 0;
+                break;
+            }
+            waiting_.pop_front();
+            running_.push_back(s);
+            s->cached_tokens = hit;
+            plan.prefix_hit_tokens += hit;
+            if (count > 0) {
+                budget -= count;
+                add_chunk(plan, s, count);
+            }
+        }
+        return plan;
+    }
+
+private:
+    static bool planned(const SchedulePlan& plan, const Sequence* s) {
+        return std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) { return c.sequence == s; });
+    }
+    size_t index_of(const Sequence* s) const {
+        return static_cast<size_t>(std::find(running_.begin(), running_.end(), s) - running_.begin());
+    }
+
+    void add_chunk(SchedulePlan& plan, Sequence* s, int count) {
+        bool sample = s->computed + count == static_cast<int>(s->tokens.size());
+        plan.chunks.push_back({s, s->computed, count, sample});
+        (s->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) += count;
+    }
+
+    // Reserves blocks for s up to n_tokens, preempting the most recently admitted sequences until they fit. Returns
+    // false when s itself had to go.
+    bool make_room(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* s, int n_tokens) {
+        while (!cache.reserve(s->id, n_tokens)) {
+            Sequence* victim = running_.back();
+            preempt(cache, plan, budget, victim);
+            if (victim == s) return false;
+        }
+        return true;
+    }
+
+    void preempt(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* victim) {
+        // A victim already planned this step gives its tokens back.
+        for (auto it = plan.chunks.begin(); it != plan.chunks.end(); ++it) {
+            if (it->sequence != victim) continue;
+            budget += it->count;
+            (victim->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) -= it->count;
+            plan.chunks.erase(it);
+            break;
+        }
+        std::erase(running_, victim);
+        cache.release(victim->id);
+        victim->computed = 0;
+        ++victim->preemptions;
+        ++plan.preemptions;
+        waiting_.push_front(victim);  // first in line again: it was admitted before everyone still waiting
+    }
+
+    SchedulerConfig config_;
+    std::deque<Sequence*> waiting_;
+    std::vector<Sequence*> running_;  // in admission order: the back is preempted first
+};
+
+// =====================================================================================================================
+// 9. ENGINE — many requests at once. add_request() queues one; each step() asks the scheduler for a batch, runs one
+//    forward pass over it, samples each sequence that reached its last token with that request's own sampler, turns
+//    the ids into text (holding back what could be the start of a stop string) and returns what happened as events.
+//    A forward pass over 64 decode tokens reads the weights once, as one token does: decode throughput grows with the
+//    batch until the matmuls turn compute-bound. EngineLoop runs step() on its own thread for callers on others.
+//    (chapter 06, chapter 08)
+// =====================================================================================================================
+
+struct EngineConfig {
+    SchedulerConfig scheduler;
+    int block_size = 16;
+    int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
+    size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
+    bool prefix_caching = true;
+};
+
+// What one step did to one request: the ids it produced, the text they completed, and whether it finished.
+struct Event {
+    int request_id = 0;
+    std::vector<int> token_ids;  // new ids (a stop id is not among them)
+    std::string text;            // new text (held-back text comes later, or never if it turns out to be a stop string)
+    bool finished = false;
+    std::string finish_reason;   // when finished: "stop", "length", "cancelled" or "error"
+    std::string error;           // when finish_reason is "error": why
+};
+
+// Times in seconds since the engine was made (steady clock).
+struct RequestTimes {
+    double arrival = -1, first_scheduled = -1, first_token = -1, finished = -1;
+    std::vector<double> token_times;  // [generated] when each id was sampled
+};
+
+struct RequestResult {
+    int id = 0;
+    std::vector<int> prompt_ids, generated_ids;
+    std::string text;            // the output text, ending before a matched stop string
+    std::string finish_reason;   // "stop", "length", "cancelled" or "error"
+    std::string error;
+    uint64_t seed = 0;
+    int cached_tokens = 0;       // prompt tokens found in the prefix cache at the last admission
+    int preemptions = 0;
+    RequestTimes times;
+};
+
+// What one step cost and what the pool looked like after it.
+struct StepStats {
+    double start = 0, schedule = 0, forward = 0, sample = 0, detokenize = 0;  // start: seconds since the engine began
+    int prefill_tokens = 0, decode_tokens = 0, sequences = 0, preemptions = 0, prefix_hit_tokens = 0;
+    int blocks_used = 0, blocks_free = 0, blocks_cached = 0;
+};
+
+// Totals over the engine's life, for a summary line.
+struct EngineTotals {
+    int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0, prompt_tokens = 0, prefix_hit_tokens = 0;
+};
+
+class Engine {
+public:
+    // `tokenizer` streams text and encodes string prompts (nullptr: the model's own, when it has one; without one
+    // only ids come out, and stop strings are refused).
+    Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
+        : model_(model), config_(config), forward_(model, pool), scheduler_(config.scheduler),
+          cache_(model.config, pool_blocks(model.config, config), config.block_size) {
+        cache_.set_prefix_caching(config.prefix_caching);
+        if (tokenizer) tokenizer_ = *tokenizer;
+        else if (has_tokenizer(model)) tokenizer_ = tokenizer_for(model);
+        stop_ids_ = model.config.eos_ids;
+        if (tokenizer_) stop_ids_.insert(stop_ids_.end(), tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end());
+        logits_.resize(static_cast<size_t>(model.config.vocab_size));
+    }
+
+    const KVCache& cache() const { return cache_; }
+    const EngineConfig& config() const { return config_; }
+    const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
+
+    // Queues a request and returns its id. A request that can never run (empty prompt, prompt + max_tokens beyond the
+    // context, more blocks than the whole pool, a bad parameter) is not thrown back: the next step() reports it as an
+    // "error" event whose message names the sizes, as a server answers one bad request without stopping.
+    int add_request(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop = {}) {
+        auto request = std::make_unique<Request>();
+        Request& r = *request;
+        r.seq.id = next_id_++;
+        r.seq.prompt_length = static_cast<int>(prompt_ids.size());
+        r.seq.tokens = std::move(prompt_ids);
+        r.params = params;
+        r.stop = std::move(stop);
+        r.times.arrival = now();
+        std::string problem = check(r);
+        if (problem.empty()) {
+            r.sampler.emplace(params, model_.config.vocab_size);
+            r.sampler->set_prompt(r.seq.tokens);
+            if (tokenizer_) r.stream.emplace(*tokenizer_, r.seq.tokens.back());
+            totals_.prompt_tokens += r.seq.prompt_length;
+        }
+        const int id = r.seq.id;
+        requests_[id] = std::move(request);
+        if (!problem.empty()) finish_later(id, "error", problem);
+        else if (params.max_tokens == 0) finish_later(id, "length", "");
+        else scheduler_.add(&requests_[id]->seq);
+        return id;
+    }
+    // Text prompts are encoded with the engine's tokenizer (BOS as the tokenizer adds it).
+    int add_request(std::string_view prompt, const SamplingParams& params, std::vector<std::string> stop = {}) {
+        if (!tokenizer_) detail::fail(model_.source, ": the engine has no tokenizer to encode a text prompt; pass token ids");
+        return add_request(tokenizer_->encode(prompt), params, std::move(stop));
+    }
+
+    // Stops a request at the next step: its blocks go back to the pool and it finishes with "cancelled".
+    // Unknown or finished ids are ignored (the request may have finished meanwhile).
+    void cancel(int id) {
+        auto found = requests_.find(id);
+        if (found != requests_.end() && !found->second->done) cancelled_.push_back(id);
+    }
+
+    bool has_work() const { return !scheduler_.empty() || !pending_finish_.empty() || !cancelled_.empty(); }
+
+    std::vector<Event> step() {
+        std::vector<Event> events;
+        StepStats stats;
+        stats.start = now();
+        Stopwatch clock;
+        for (int id : std::exchange(cancelled_, {}))
+            if (requests_.count(id) && !requests_[id]->done) finish(id, "cancelled", "", events);
+        for (auto& [id, reason, message] : std::exchange(pending_finish_, {}))
+            if (!requests_.at(id)->done) finish(id, reason, message, events);
+
+        SchedulePlan plan = scheduler_.schedule(cache_);
+        batch_.clear();
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Request& r = request_of(chunk.sequence);
+            if (r.times.first_scheduled < 0) r.times.first_scheduled = stats.start;
+            for (int i = 0; i < chunk.count; ++i) {
+                int position = chunk.start + i;
+                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
+            }
+        }
+        stats.schedule = clock.seconds();
+        clock.restart();
+        std::span<const float> logits = forward_.forward(batch_, cache_);
+        stats.forward = clock.seconds();
+
+        size_t row = 0;
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Sequence& s = *chunk.sequence;
+            s.computed += chunk.count;
+            cache_.commit(s.id, s.tokens, s.computed);
+            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
+        }
+
+        stats.prefill_tokens = plan.prefill_tokens;
+        stats.decode_tokens = plan.decode_tokens;
+        stats.sequences = static_cast<int>(plan.chunks.size());
+        stats.preemptions = plan.preemptions;
+        stats.prefix_hit_tokens = plan.prefix_hit_tokens;
+        stats.blocks_used = cache_.used_block_count();
+        stats.blocks_free = cache_.free_block_count();
+        stats.blocks_cached = cache_.cached_block_count();
+        if (!plan.chunks.empty()) {
+            ++totals_.steps;
+            steps_.push_back(stats);
+        }
+        totals_.prefill_tokens += plan.prefill_tokens;
+        totals_.decode_tokens += plan.decode_tokens;
+        totals_.preemptions += plan.preemptions;
+        totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
+        return events;
+    }
+
+    // A finished request's result, handed over once (the engine then forgets the request).
+    std::optional<RequestResult> take_result(int id) {
+        auto found = requests_.find(id);
+        if (found == requests_.end() || !found->second->done) return std::nullopt;
+        RequestResult result = std::move(found->second->result);
+        requests_.erase(found);
+        return result;
+    }
+
+    // Runs the prompts together to the end; results in the order of the prompts.
+    std::vector<RequestResult> generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                        const std::vector<std::string>& stop = {}) {
+        std::vector<int> ids;
+        for (const auto& prompt : prompts) ids.push_back(add_request(prompt, params, stop));
+        while (has_work()) step();
+        std::vector<RequestResult> results;
+        for (int id : ids) results.push_back(*take_result(id));
+        return results;
+    }
+
+    const std::vector<StepStats>& steps() const { return steps_; }
+    const EngineTotals& totals() const { return totals_; }
+    double now() const { return clock_.seconds(); }
+
+private:
+    struct Request {
+        Sequence seq;
+        SamplingParams params;
+        std::vector<std::string> stop;
+        std::optional<Sampler> sampler;
+        std::optional<TextStream> stream;
+        std::string text;    // all text streamed so far (may end in held-back text)
+        size_t emitted = 0;  // bytes of `text` already sent in events
+        RequestTimes times;
+        RequestResult result;
+        bool stop_hit = false;  // a stop string was found: the text ends before it
+        bool done = false;
+    };
+
+    static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
+        if (config.block_size <= 0) detail::fail("engine: block_size must be positive, found ", config.block_size);
+        if (config.num_blocks > 0) return config.num_blocks;
+        size_t bytes = config.kv_memory_bytes;
+        if (bytes == 0)
+            bytes = std::min<size_t>(size_t{1} << 30, KVCache::bytes_per_token(c) * static_cast<size_t>(c.context_length) *
+                                                          static_cast<size_t>(std::max(config.scheduler.max_seqs, 1)));
+        return KVCache::blocks_for_memory(c, bytes, config.block_size);
+    }
+
+    Request& request_of(const Sequence* s) { return *requests_.at(s->id); }
+
+    // Why the request can never run, or "" when it can.
+    std::string check(const Request& r) const {
+        const int prompt = r.seq.prompt_length, context = model_.config.context_length;
+        try {
+            r.params.validate();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        if (prompt == 0) return "the prompt is empty: nothing to condition on (add BOS or some text)";
+        for (int id : r.seq.tokens)
+            if (id < 0 || id >= model_.config.vocab_size)
+                return detail::concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
+        if (prompt + r.params.max_tokens > context)
+            return detail::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
+                                  ") exceed the model's context of ", context, " tokens");
+        const int blocks = (prompt + r.params.max_tokens + cache_.block_size() - 1) / cache_.block_size();
+        if (blocks > cache_.num_blocks())
+            return detail::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
+                                  " KV blocks of ", cache_.block_size(), " tokens, but the whole pool holds ", cache_.num_blocks());
+        if (!r.stop.empty() && !tokenizer_) return "stop strings need a tokenizer, and this engine has none";
+        for (const std::string& s : r.stop)
+            if (s.empty()) return "a stop string is empty";
+        return "";
+    }
+
+    void finish_later(int id, std::string reason, std::string message) {
+        pending_finish_.push_back({id, std::move(reason), std::move(message)});
+    }
+
+    void sample(Request& r, std::span<const float> row, StepStats& stats, std::vector<Event>& events) {
+        Stopwatch clock;
+        logits_.assign(row.begin(), row.end());
+        int next = r.sampler->sample(logits_);
+        const double t = now();
+        stats.sample += clock.seconds();
+        if (!r.params.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), next) != stop_ids_.end()) {
+            finish(r.seq.id, "stop", "", events);
+            return;
+        }
+        r.sampler->accept(next);
+        r.seq.tokens.push_back(next);
+        r.result.generated_ids.push_back(next);
+        r.times.token_times.push_back(t);
+        if (r.times.first_token < 0) r.times.first_token = t;
+        Event event;
+        event.request_id = r.seq.id;
+        event.token_ids = {next};
+        bool stopped = false;
+        if (r.stream) {
+            clock.restart();
+            r.text += r.stream->push(next);
+            stopped = emit_text(r, event, false);
+            stats.detokenize += clock.seconds();
+        }
+        const int generated = static_cast<int>(r.result.generated_ids.size());
+        if (stopped) finish(r.seq.id, "stop", "", events, &event);
+        else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
+            finish(r.seq.id, "length", "", events, &event);
+        else events.push_back(std::move(event));
+    }
+
+    // Moves newly streamed text into the event. A stop string found ends the text before it (returns true); a tail
+    // that could still grow into one is held back unless this is the end.
+    bool emit_text(Request& r, Event& event, bool at_end) {
+        size_t longest = 0;
+        for (const std::string& s : r.stop) longest = std::max(longest, s.size());
+        size_t from = r.emitted > longest ? r.emitted - longest : 0;  // a match may straddle emitted text
+        size_t cut = std::string::npos;
+        for (const std::string& s : r.stop) cut = std::min(cut, r.text.find(s, from));
+        if (cut != std::string::npos) {
+            r.text.resize(cut);
+            event.text += r.text.substr(std::min(r.emitted, cut));
+            r.emitted = r.text.size();
+            r.stop_hit = true;
+            return true;
+        }
+        size_t keep = r.text.size();
+        if (!at_end)  // hold back the longest tail of the text that is a proper prefix of some stop string
+            for (const std::string& s : r.stop)
+                for (size_t n = std::min(s.size() - 1, r.text.size()); n > 0; --n)
+                    if (r.text.compare(r.text.size() - n, n, s, 0, n) == 0) {
+                        keep = std::min(keep, r.text.size() - n);
+                        break;
+                    }
+        if (keep > r.emitted) {
+            event.text += r.text.substr(r.emitted, keep - r.emitted);
+            r.emitted = keep;
+        }
+        return false;
+    }
+
+    void finish(int id, std::string reason, const std::string& message, std::vector<Event>& events, Event* last = nullptr) {
+        Request& r = *requests_.at(id);
+        Event event = last ? std::move(*last) : Event{};
+        event.request_id = id;
+        if (reason == "cancelled" || reason == "error") {
+            r.text.resize(r.emitted);  // what was never sent is not part of the result
+        } else if (r.stream && !r.stop_hit) {  // the end: flush what the stream and the hold-back kept
+            r.text += r.stream->finish();
+            emit_text(r, event, true);
+            if (r.stop_hit) reason = "stop";
+        }
+        event.finished = true;
+        event.finish_reason = reason;
+        event.error = message;
+        r.done = true;
+        r.times.finished = now();
+        scheduler_.remove(&r.seq);
+        cache_.release(id);
+        r.result.id = id;
+        r.result.prompt_ids.assign(r.seq.tokens.begin(), r.seq.tokens.begin() + r.seq.prompt_length);
+        r.result.text = r.text;
+        r.result.finish_reason = reason;
+        r.result.error = message;
+        r.result.seed = r.sampler ? r.sampler->seed() : 0;
+        r.result.cached_tokens = r.seq.cached_tokens;
+        r.result.preemptions = r.seq.preemptions;
+        r.result.times = r.times;
+        r.sampler.reset();
+        r.stream.reset();
+        events.push_back(std::move(event));
+    }
+
+    const Model& model_;
+    EngineConfig config_;
+    ForwardPass forward_;
+    Scheduler scheduler_;
+    KVCache cache_;
+    std::optional<Tokenizer> tokenizer_;
+    std::vector<int> stop_ids_;
+    std::unordered_map<int, std::unique_ptr<Request>> requests_;
+    std::vector<int> cancelled_;
+    std::vector<std::tuple<int, std::string, std::string>> pending_finish_;
+    Batch batch_;
+    std::vector<float> logits_;  // [V] the row being sampled (the sampler edits it)
+    std::vector<StepStats> steps_;
+    EngineTotals totals_;
+    Stopwatch clock_;
+    int next_id_ = 0;
+};
+
+// The thread-safe front door: a thread that runs step() while there is work, and a submit/cancel that any thread may
+// call. One mutex guards the engine, so a submit waits at most one step; each request's events go to its callback on
+// the loop's thread, outside the lock (a callback may submit or cancel). Simple on purpose: a server would put a queue
+// between the two sides so a slow step never blocks an HTTP thread.
+class EngineLoop {
+public:
+    using Callback = std::function<void(const Event&)>;
+
+    explicit EngineLoop(Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
+    EngineLoop(const EngineLoop&) = delete;
+    EngineLoop& operator=(const EngineLoop&) = delete;
+    ~EngineLoop() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        wake_.notify_all();
+        thread_.join();
+    }
+
+    // Queues a request; `on_event` receives its events, the last with finished set. The result stays with the engine
+    // until someone calls result(id).
+    int submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop, Callback on_event) {
+        std::lock_guard lock(mutex_);
+        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
+        callbacks_[id] = std::move(on_event);
+        wake_.notify_all();
+        return id;
+    }
+    void cancel(int id) {
+        std::lock_guard lock(mutex_);
+        engine_.cancel(id);
+        wake_.notify_all();
+    }
+    std::optional<RequestResult> result(int id) {
+        std::lock_guard lock(mutex_);
+        return engine_.take_result(id);
+    }
+    // Blocks until every submitted request has finished.
+    void wait_idle() {
+        std::unique_lock lock(mutex_);
+        idle_.wait(lock, [&] { return !engine_.has_work() && delivering_ == 0; });
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(mutex_);
+        while (true) {
+            wake_.wait(lock, [&] { return stopping_ || engine_.has_work(); });
+            if (stopping_) return;
+            std::vector<Event> events = engine_.step();
+            std::vector<std::pair<Callback, Event>> deliveries;
+            for (Event& event : events) {
+                auto found = callbacks_.find(event.request_id);
+                if (found == callbacks_.end()) continue;
+                deliveries.emplace_back(found->second, std::move(event));
+                if (deliveries.back().second.finished) callbacks_.erase(found);
+            }
+            ++delivering_;
+            lock.unlock();
+            for (auto& [callback, event] : deliveries)
+                if (callback) callback(event);
+            lock.lock();
+            --delivering_;
+            if (!engine_.has_work()) idle_.notify_all();
+        }
+    }
+
+    Engine& engine_;
+    std::mutex mutex_;
+    std::condition_variable wake_, idle_;
+    std::unordered_map<int, Callback> callbacks_;
+    int delivering_ = 0;
+    bool stopping_ = false;
+    std::thread thread_;  // last: it starts once everything above exists
+};
+
+// Chrome's trace-event format (chrome://tracing, ui.perfetto.dev): one track for the engine's steps (each an "X"
+// event with its token counts), one per request (queued, prefill until the first token, decode until it finished).
+inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> steps, std::span<const RequestResult> requests) {
+    auto us = [](double seconds) { return static_cast<long long>(seconds * 1e6); };
+    out << "{\"traceEvents\":[\n";
+    out << R"({"name":"thread_name","ph":"M","pid":1,"tid":0,"args":{"name":"engine steps"}})";
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const StepStats& s = steps[i];
+        double length = s.schedule + s.forward + s.sample + s.detokenize;
+        out << ",\n{\"name\":\"step " << i << "\",\"ph\":\"X\",\"pid\":1,\"tid\":0,\"ts\":" << us(s.start)
+            << ",\"dur\":" << std::max(1LL, us(length)) << ",\"args\":{\"prefill_tokens\":" << s.prefill_tokens
+            << ",\"decode_tokens\":" << s.decode_tokens << ",\"sequences\":" << s.sequences
+            << ",\"preemptions\":" << s.preemptions << ",\"prefix_hit_tokens\":" << s.prefix_hit_tokens
+            << ",\"blocks_used\":" << s.blocks_used << ",\"blocks_free\":" << s.blocks_free
+            << ",\"blocks_cached\":" << s.blocks_cached << ",\"forward_ms\":" << s.forward * 1e3 << "}}";
+    }
+    for (const RequestResult& r : requests) {
+        const RequestTimes& t = r.times;
+        const int tid = r.id + 1;
+        out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << tid << ",\"args\":{\"name\":\"request " << r.id << "\"}}";
+        auto span = [&](const char* name, double from, double to) {
+            if (from < 0 || to < from) return;
+            out << ",\n{\"name\":\"" << name << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << us(from)
+                << ",\"dur\":" << std::max(1LL, us(to) - us(from)) << ",\"args\":{\"prompt_tokens\":" << r.prompt_ids.size()
+                << ",\"generated_tokens\":" << r.generated_ids.size() << ",\"cached_tokens\":" << r.cached_tokens
+                << ",\"finish_reason\":\"" << r.finish_reason << "\"}}";
+        };
+        const double scheduled = t.first_scheduled >= 0 ? t.first_scheduled : t.finished;
+        span("queued", t.arrival, scheduled);
+        span("prefill", t.first_scheduled, t.first_token >= 0 ? t.first_token : t.finished);
+        span("decode", t.first_token, t.finished);
+    }
+    out << "\n]}\n";
+}
+
+
+// =====================================================================================================================
+// 10. MODEL FACTORY — models with random weights and a known shape: the built-in demo model (so the first command works
 //    with nothing downloaded) and `infer make-model` (a Hugging Face folder of any size, for benchmarks). Their output
 //    is meaningless; their cost per token is exactly that of a trained model of the same shape.
 // =====================================================================================================================

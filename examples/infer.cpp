@@ -10,6 +10,11 @@
 //                                               JSON lines {"messages": [...], "add_generation_prompt": true}
 //                                               → {"text": ..., "ids": [...]} or {"error": ...}
 //   infer chat -m PATH [--chat-template FILE_OR_NAME] [sampling options as generate]
+//   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
+//                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
+//                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS]
+//                                               OpenAI Batch lines (/v1/completions, /v1/chat/completions) through
+//                                               the engine (continuous batching) → OpenAI Batch output lines
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //
@@ -35,6 +40,9 @@ const char* usage_text = R"(usage:
                                                 stdin {"messages": [...], "add_generation_prompt": true} lines
                                                 -> {"text": ..., "ids": [...]} or {"error": ...} lines
   infer chat -m PATH [--chat-template FILE_OR_NAME] [--temp T ...as generate]
+  infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
+                  [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
+                  [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS]
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
 
@@ -343,6 +351,240 @@ int run_chat(const CommandLine& options) {
     return 0;
 }
 
+// ---- Offline batch inference: the OpenAI Batch file format through the engine ------------------------------------
+// Each input line {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions", "body": {...}}
+// becomes one engine request; all run together (continuous batching) and each gets an output line, in input order,
+// as vLLM's run-batch writes them. A line that cannot run gets an error line; the others go on.
+
+struct BatchRequest {
+    std::string custom_id;
+    bool chat = false;
+    std::string model;
+    std::vector<int> prompt;
+    infer::SamplingParams params;
+    std::vector<std::string> stop;
+    int engine_id = -1;
+    std::string error;  // set: this line gets an error line
+};
+
+// A number field of the body, or `fallback` when absent or null.
+double body_number(const infer::Json& body, const char* name, double fallback) {
+    const infer::Json* value = body.find(name);
+    if (!value || value->is_null()) return fallback;
+    if (!value->is_number()) infer::detail::fail("body field \"", name, "\" must be a number");
+    return value->as_number();
+}
+
+BatchRequest parse_batch_line(const infer::Json& line, const infer::Model& model, const infer::Tokenizer* tokenizer,
+                              const std::function<std::string(const infer::Json&)>& render_chat) {
+    BatchRequest r;
+    if (const infer::Json* id = line.find("custom_id"); id && id->is_string()) r.custom_id = id->as_string();
+    const infer::Json* method = line.find("method");
+    if (method && (!method->is_string() || method->as_string() != "POST")) infer::detail::fail("\"method\" must be \"POST\"");
+    const infer::Json* url = line.find("url");
+    if (!url || !url->is_string()) infer::detail::fail("each line needs a string field \"url\"");
+    if (url->as_string() == "/v1/chat/completions") r.chat = true;
+    else if (url->as_string() != "/v1/completions")
+        infer::detail::fail("url \"", url->as_string(), "\" is not supported (/v1/completions or /v1/chat/completions)");
+    const infer::Json* body = line.find("body");
+    if (!body || !body->is_object()) infer::detail::fail("each line needs an object field \"body\"");
+    if (const infer::Json* m = body->find("model"); m && m->is_string()) r.model = m->as_string();
+    if (body_number(*body, "n", 1) != 1) infer::detail::fail("body field \"n\": only 1 choice per request is supported");
+
+    if (r.chat) {
+        const infer::Json* messages = body->find("messages");
+        if (!messages || !messages->is_array()) infer::detail::fail("a chat request's body needs an array field \"messages\"");
+        if (!tokenizer) infer::detail::fail(model.source, " has no tokenizer to render chat messages with");
+        r.prompt = tokenizer->encode(render_chat(*messages), false);  // the template writes the special tokens
+    } else {
+        const infer::Json* prompt = body->find("prompt");
+        if (!prompt) infer::detail::fail("a completion request's body needs a field \"prompt\"");
+        if (prompt->is_string()) {
+            if (!tokenizer) infer::detail::fail(model.source, " has no tokenizer: give \"prompt\" as an array of token ids");
+            r.prompt = tokenizer->encode(prompt->as_string());
+        } else if (prompt->is_array() && (prompt->as_array().empty() || prompt->as_array()[0].is_number())) {
+            for (const infer::Json& id : prompt->as_array()) r.prompt.push_back(static_cast<int>(id.as_int()));
+        } else {
+            infer::detail::fail("\"prompt\" must be a string or an array of token ids (one prompt per line)");
+        }
+    }
+
+    // OpenAI's defaults: temperature 1, top_p 1, 16 tokens for a completion; a chat reply may fill the context.
+    infer::SamplingParams& p = r.params;
+    p.temperature = static_cast<float>(body_number(*body, "temperature", 1.0));
+    p.top_p = static_cast<float>(body_number(*body, "top_p", 1.0));
+    double top_k = body_number(*body, "top_k", 0);
+    p.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // vLLM's -1 means off, as 0 does here
+    p.min_p = static_cast<float>(body_number(*body, "min_p", 0.0));
+    p.presence_penalty = static_cast<float>(body_number(*body, "presence_penalty", 0.0));
+    p.frequency_penalty = static_cast<float>(body_number(*body, "frequency_penalty", 0.0));
+    p.repetition_penalty = static_cast<float>(body_number(*body, "repetition_penalty", 1.0));
+    if (const infer::Json* seed = body->find("seed"); seed && !seed->is_null()) p.seed = static_cast<uint64_t>(seed->as_int());
+    if (const infer::Json* ignore = body->find("ignore_eos"); ignore && ignore->is_bool()) p.ignore_eos = ignore->as_bool();
+    const int room = std::max(0, model.config.context_length - static_cast<int>(r.prompt.size()));
+    double max_tokens = body_number(*body, "max_completion_tokens", body_number(*body, "max_tokens", r.chat ? room : 16));
+    if (max_tokens < 0 || max_tokens > std::numeric_limits<int>::max() || max_tokens != std::floor(max_tokens))
+        infer::detail::fail("body field \"max_tokens\" must be a whole number >= 0, found ", max_tokens);
+    p.max_tokens = static_cast<int>(max_tokens);
+    if (const infer::Json* stop = body->find("stop"); stop && !stop->is_null()) {
+        if (stop->is_string()) r.stop.push_back(stop->as_string());
+        else if (stop->is_array())
+            for (const infer::Json& s : stop->as_array()) r.stop.push_back(s.as_string());
+        else infer::detail::fail("body field \"stop\" must be a string or an array of strings");
+    }
+    p.validate();
+    return r;
+}
+
+void write_batch_error(std::ostream& out, int index, const std::string& custom_id, const std::string& message) {
+    out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
+    infer::detail::write_json_string(out, custom_id);
+    out << ",\"response\":null,\"error\":{\"code\":\"invalid_request\",\"message\":";
+    infer::detail::write_json_string(out, message);
+    out << "}}\n";
+}
+
+void write_batch_result(std::ostream& out, int index, const BatchRequest& r, const infer::RequestResult& result,
+                        const std::string& model_name, long long created) {
+    out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
+    infer::detail::write_json_string(out, r.custom_id);
+    out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":{\"id\":\""
+        << (r.chat ? "chatcmpl-" : "cmpl-") << index << "\",\"object\":\"" << (r.chat ? "chat.completion" : "text_completion")
+        << "\",\"created\":" << created << ",\"model\":";
+    infer::detail::write_json_string(out, r.model.empty() ? model_name : r.model);
+    out << ",\"choices\":[{\"index\":0,";
+    if (r.chat) {
+        out << "\"message\":{\"role\":\"assistant\",\"content\":";
+        infer::detail::write_json_string(out, result.text);
+        out << "},\"logprobs\":null";
+    } else {
+        out << "\"text\":";
+        infer::detail::write_json_string(out, result.text);
+        out << ",\"logprobs\":null";
+    }
+    const size_t prompt = result.prompt_ids.size(), completion = result.generated_ids.size();
+    out << ",\"finish_reason\":\"" << result.finish_reason << "\"}],\"usage\":{\"prompt_tokens\":" << prompt
+        << ",\"completion_tokens\":" << completion << ",\"total_tokens\":" << prompt + completion
+        << ",\"prompt_tokens_details\":{\"cached_tokens\":" << result.cached_tokens << "}}}},\"error\":null}\n";
+}
+
+int run_batch(const CommandLine& options) {
+    for (const char* needed : {"-m", "-i", "-o"})
+        if (!options.has(needed)) infer::detail::fail("infer run-batch needs ", needed, " (see infer --help)");
+    infer::LayerTimes load_times;
+    infer::Model model = load(options, load_times);
+    std::optional<infer::Tokenizer> tokenizer;
+    if (infer::has_tokenizer(model)) tokenizer = infer::tokenizer_for(model);
+
+    infer::EngineConfig config;
+    std::string policy = options.text("--policy", "continuous");
+    if (policy == "static") config.scheduler.policy = infer::SchedulePolicy::Static;
+    else if (policy != "continuous") infer::detail::fail("option --policy: \"", policy, "\" is not continuous or static");
+    config.scheduler.max_batch_tokens = static_cast<int>(options.integer("--max-batch-tokens", 512, 1, 1 << 20));
+    config.scheduler.max_seqs = static_cast<int>(options.integer("--max-seqs", 64, 1, 1 << 16));
+    config.block_size = static_cast<int>(options.integer("--block-size", 16, 1, 4096));
+    config.num_blocks = static_cast<int>(options.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
+    config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
+    config.prefix_caching = !options.has("--no-prefix-cache");
+    infer::ThreadPool pool(thread_count(options));
+    infer::Engine engine(model, pool, config, tokenizer ? &*tokenizer : nullptr);
+
+    std::ifstream in(options.text("-i"));
+    if (!in) infer::detail::fail(options.text("-i"), ": cannot open");
+    // The chat template is looked up at the first chat line, so a completions-only file needs none.
+    std::optional<std::string> template_source;
+    auto render_chat = [&](const infer::Json& messages) {
+        if (!template_source) template_source = chat_template_source(options, *tokenizer);
+        return chat::render(*template_source, messages, true, template_variables(*tokenizer));
+    };
+    std::vector<BatchRequest> requests;
+    std::string line;
+    int line_number = 0;
+    while (std::getline(in, line)) {
+        ++line_number;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        BatchRequest request;
+        try {
+            infer::Json json = infer::Json::parse(line, "line " + std::to_string(line_number));
+            if (const infer::Json* id = json.find("custom_id"); id && id->is_string()) request.custom_id = id->as_string();
+            try {
+                request = parse_batch_line(json, model, tokenizer ? &*tokenizer : nullptr, render_chat);
+            } catch (const infer::Error& e) {
+                request.error = "line " + std::to_string(line_number) + ": " + e.what();
+            }
+        } catch (const infer::Error& e) {  // the parser's message names the line and byte
+            request.error = e.what();
+        }
+        if (request.error.empty()) request.engine_id = engine.add_request(request.prompt, request.params, request.stop);
+        requests.push_back(std::move(request));
+    }
+
+    const bool show_progress = ::isatty(2);
+    infer::Stopwatch wall;
+    size_t done = 0, running_total = 0;
+    for (const BatchRequest& r : requests) running_total += r.engine_id >= 0;
+    std::unordered_map<int, infer::RequestResult> results;
+    while (engine.has_work()) {
+        for (const infer::Event& e : engine.step()) {
+            if (!e.finished) continue;
+            results[e.request_id] = *engine.take_result(e.request_id);
+            ++done;
+            if (show_progress || done == running_total)
+                std::fprintf(stderr, "\r[run-batch] %zu/%zu requests done, %lld steps, %.1f s", done, running_total,
+                             static_cast<long long>(engine.totals().steps), wall.seconds());
+        }
+    }
+    const double seconds = wall.seconds();
+    if (running_total > 0) std::fprintf(stderr, "\n");
+
+    std::ofstream out(options.text("-o"));
+    if (!out) infer::detail::fail(options.text("-o"), ": cannot create");
+    const long long created = std::chrono::duration_cast<std::chrono::seconds>(
+                                  std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string model_name = std::filesystem::path(options.text("-m")).filename().string();
+    size_t failed = 0, prompt_tokens = 0, generated = 0;
+    std::vector<infer::RequestResult> finished;
+    for (size_t i = 0; i < requests.size(); ++i) {
+        const BatchRequest& r = requests[i];
+        const int index = static_cast<int>(i);
+        if (r.engine_id < 0) {
+            write_batch_error(out, index, r.custom_id, r.error);
+            ++failed;
+            continue;
+        }
+        const infer::RequestResult& result = results.at(r.engine_id);
+        finished.push_back(result);
+        if (result.finish_reason == "error") {
+            write_batch_error(out, index, r.custom_id, result.error);
+            ++failed;
+            continue;
+        }
+        write_batch_result(out, index, r, result, model_name, created);
+        prompt_tokens += result.prompt_ids.size();
+        generated += result.generated_ids.size();
+    }
+    if (!out) infer::detail::fail(options.text("-o"), ": write failed");
+
+    if (options.has("--trace")) {
+        std::ofstream trace(options.text("--trace"));
+        if (!trace) infer::detail::fail(options.text("--trace"), ": cannot create");
+        infer::write_chrome_trace(trace, engine.steps(), finished);
+    }
+    const infer::EngineTotals& t = engine.totals();
+    auto per_second = [&](double count) { return seconds > 0 ? count / seconds : 0.0; };
+    std::fprintf(stderr,
+                 "requests: %zu (%zu failed)   policy: %s   max_batch_tokens %d   max_seqs %d   KV: %d blocks of %d tokens\n"
+                 "tokens: %zu prompt + %zu generated in %.2f s   throughput: %.1f generated tokens/s, %.1f total tokens/s\n"
+                 "steps: %lld   preemptions: %lld   prefix cache: %lld of %lld prompt tokens hit (%.1f%%)\n",
+                 requests.size(), failed, policy.c_str(), config.scheduler.max_batch_tokens, config.scheduler.max_seqs,
+                 engine.cache().num_blocks(), engine.cache().block_size(), prompt_tokens, generated, seconds,
+                 per_second(static_cast<double>(generated)), per_second(static_cast<double>(prompt_tokens + generated)),
+                 static_cast<long long>(t.steps), static_cast<long long>(t.preemptions),
+                 static_cast<long long>(t.prefix_hit_tokens), static_cast<long long>(t.prompt_tokens),
+                 t.prompt_tokens > 0 ? 100.0 * static_cast<double>(t.prefix_hit_tokens) / static_cast<double>(t.prompt_tokens) : 0.0);
+    return 0;
+}
+
 int run_make_model(const CommandLine& options) {
     if (!options.has("-o")) infer::detail::fail("infer make-model needs -o DIR");
     infer::ModelShape shape;
@@ -397,6 +639,11 @@ int main(int argc, char** argv) {
                                         {"--ignore-eos"}, usage_text));
         if (command == "logits")
             return run_logits(CommandLine(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "--tokenizer"}, {}, usage_text));
+        if (command == "run-batch")
+            return run_batch(CommandLine(argc, argv, 2,
+                                         {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
+                                          "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template"},
+                                         {"--no-prefix-cache"}, usage_text));
         if (command == "make-model")
             return run_make_model(CommandLine(argc, argv, 2,
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
