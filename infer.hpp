@@ -584,6 +584,16 @@ public:
         }
     }
 
+    // Like run(), but on the calling thread alone when the job is smaller than a hand-off costs: `work` counts its
+    // multiply-adds (or steps of similar cost). Tiny models and short sections then never wait for another thread,
+    // which matters most when the machine has more runnable threads than cores.
+    template <class Body>
+    void run_sized(size_t count, size_t work, Body&& body) {
+        if (work < min_parallel_work) body(size_t{0}, count, 0);
+        else run(count, body);
+    }
+    static constexpr size_t min_parallel_work = size_t{1} << 16;
+
 private:
     static constexpr std::chrono::microseconds spin_budget{200};
 
@@ -4396,10 +4406,7 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
             first_row += N;
         }
     };
-    // Waking the pool costs microseconds; a product of fewer multiply-adds than that is done on this thread alone.
-    const size_t multiply_adds = total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T);
-    if (multiply_adds < (size_t{1} << 16)) rows(0, total_rows, 0);
-    else pool.run(total_rows, rows);
+    pool.run_sized(total_rows, total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T), rows);
 }
 
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
@@ -4486,15 +4493,18 @@ public:
             model_.embedding.read_row(token, &x_[t * D]);
         }
         if (scores_.size() < static_cast<size_t>(pool_.size()) * longest) scores_.resize(static_cast<size_t>(pool_.size()) * longest);
+        // Attention's multiply-adds in one layer: each token reads Dh keys and Dh values per position it sees, per head.
+        size_t attention_work = 0;
+        for (int t = 0; t < T; ++t) attention_work += static_cast<size_t>(batch.positions[t] + 1) * H * Dh * 2;
 
         for (int l = 0; l < c.n_layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             // Attention block.
-            pool_.run(T, [&](size_t begin, size_t end, int) {
+            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
             });
             detail::matmul(pool_, xn_.data(), T, {{w.wq, q_.data(), &w.bq}, {w.wk, k_.data(), &w.bk}, {w.wv, v_.data(), &w.bv}});
-            pool_.run(T, [&](size_t begin, size_t end, int) {
+            pool_.run_sized(T, T * (H + Hkv) * Dh * 4, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) {
                     for (size_t h = 0; h < H; ++h) position_heads(&q_[t * q_width + h * Dh], w.q_norm, t);
                     for (size_t h = 0; h < Hkv; ++h) position_heads(&k_[t * kv_width + h * Dh], w.k_norm, t);
@@ -4502,14 +4512,14 @@ public:
                     std::memcpy(cache.value(l, slot_block_[t], slot_offset_[t]), &v_[t * kv_width], kv_width * sizeof(float));
                 }
             });
-            pool_.run(static_cast<size_t>(T) * H, [&](size_t begin, size_t end, int thread) {
+            pool_.run_sized(static_cast<size_t>(T) * H, attention_work, [&](size_t begin, size_t end, int thread) {
                 for (size_t item = begin; item < end; ++item) attend(batch, cache, l, item / H, item % H, thread);
             });
             detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
 
             // MLP block.
-            pool_.run(T, [&](size_t begin, size_t end, int) {
+            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
             });
             detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
