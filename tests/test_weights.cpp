@@ -169,29 +169,22 @@ TEST_CASE("bad config.json: not JSON, unknown architecture, missing field, unsup
     CHECK(contains(message, config.string()));
     CHECK(contains(message, "invalid JSON at byte"));
 
-    std::string other = good;
-    other.replace(other.find("\"llama\""), 7, "\"gpt_neox\"");
-    test::write_file(config, other);
-    message = load_error(folder);
+    // The error of loading the folder with one piece of the good config.json replaced.
+    auto error_with = [&](const std::string& piece, const std::string& replacement) {
+        std::string edited = good;
+        edited.replace(edited.find(piece), piece.size(), replacement);
+        test::write_file(config, edited);
+        return load_error(folder);
+    };
+    message = error_with("\"llama\"", "\"gpt_neox\"");
     CHECK(contains(message, "model_type"));
     CHECK(contains(message, "gpt_neox"));
-
-    other = good;
-    other.replace(other.find("\"hidden_size\""), 13, "\"hidden_sise\"");
-    test::write_file(config, other);
-    CHECK(contains(load_error(folder), "missing field \"hidden_size\""));
-
-    other = good;
-    other.replace(other.find("\"rope_theta\""), 12, "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}, \"rope_theta\"");
-    test::write_file(config, other);
-    message = load_error(folder);
+    CHECK(contains(error_with("\"hidden_size\"", "\"hidden_sise\""), "missing field \"hidden_size\""));
+    message = error_with("\"rope_theta\"", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}, \"rope_theta\"");
     CHECK(contains(message, "rope_scaling"));
     CHECK(contains(message, "yarn"));
-
-    other = good;
-    other.replace(other.find("\"num_key_value_heads\": 1"), 24, "\"num_key_value_heads\": \"one\"");
-    test::write_file(config, other);
-    CHECK(contains(load_error(folder), "field \"num_key_value_heads\": expected a number"));
+    CHECK(contains(error_with("\"num_key_value_heads\": 1", "\"num_key_value_heads\": \"one\""),
+                   "field \"num_key_value_heads\": expected a number"));
 }
 
 TEST_CASE("bad GGUF files: bad magic, quantized or unknown tensor type, truncated") {
