@@ -729,6 +729,11 @@ struct LayerWeights {
     Tensor ffn_norm;          // [D]
     Tensor w_gate, w_up;      // [F, D]
     Tensor w_down;            // [D, F]
+
+    // Every tensor of the layer (the optional ones may be empty), for footprint arithmetic.
+    std::array<const Tensor*, 14> tensors() const {
+        return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
+    }
 };
 
 // The vocabulary as llama2.c and GGUF files carry it: SentencePiece pieces with merge scores ("llama"), or byte-level
@@ -775,18 +780,14 @@ struct Model {
     size_t weight_bytes_per_token() const {
         size_t total = final_norm.bytes() + lm_head.bytes() + static_cast<size_t>(embedding.cols()) * dtype_size(embedding.dtype);
         for (const auto& layer : layers)
-            for (const Tensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.bq, &layer.bk,
-                                    &layer.bv, &layer.q_norm, &layer.k_norm, &layer.ffn_norm, &layer.w_gate, &layer.w_up,
-                                    &layer.w_down})
+            for (const Tensor* t : layer.tensors())
                 if (!t->empty()) total += t->bytes();
         return total;
     }
     int64_t parameter_count() const {
         int64_t total = embedding.elements() + final_norm.elements() + (config.tied_embeddings ? 0 : lm_head.elements());
         for (const auto& layer : layers)
-            for (const Tensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.bq, &layer.bk,
-                                    &layer.bv, &layer.q_norm, &layer.k_norm, &layer.ffn_norm, &layer.w_gate, &layer.w_up,
-                                    &layer.w_down})
+            for (const Tensor* t : layer.tensors())
                 if (!t->empty()) total += t->elements();
         return total;
     }

@@ -7,8 +7,16 @@ infer::ModelShape tiny_shape() {
     return infer::ModelShape{.dim = 16, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 32, .vocab_size = 32, .context_length = 64};
 }
 
-// A small valid Hugging Face folder to break in different ways.
-void write_tiny_model(const std::filesystem::path& folder) { infer::save_random_model(folder, tiny_shape(), infer::DType::F32, 1); }
+// A small valid Hugging Face folder, and the good bytes of one of its files, to break in different ways.
+struct TinyModel {
+    test::TempDir dir;
+    std::filesystem::path folder, file;
+    std::string good;
+    TinyModel(const std::string& name, const std::string& file_name) : dir(name), folder(dir / "model"), file(folder / file_name) {
+        infer::save_random_model(folder, tiny_shape(), infer::DType::F32, 1);
+        good = infer::read_text_file(file);
+    }
+};
 
 std::string load_error(const std::filesystem::path& path) {
     return test::error_of([&] { infer::load_model(path); });
@@ -108,11 +116,8 @@ TEST_CASE("sharded safetensors with an index load like a single file") {
 }
 
 TEST_CASE("bad safetensors files: truncated, header past the end, missing tensor, wrong shape, unsupported dtype") {
-    test::TempDir dir("bad-safetensors");
-    auto folder = dir / "model";
-    write_tiny_model(folder);
-    const auto weights = folder / "model.safetensors";
-    const std::string good = infer::read_text_file(weights);
+    TinyModel tiny("bad-safetensors", "model.safetensors");
+    const auto& [folder, weights, good] = std::tie(tiny.folder, tiny.file, tiny.good);
 
     test::write_file(weights, good.substr(0, good.size() / 2));
     std::string message = load_error(folder);
@@ -158,11 +163,8 @@ TEST_CASE("bad safetensors files: truncated, header past the end, missing tensor
 }
 
 TEST_CASE("bad config.json: not JSON, unknown architecture, missing field, unsupported RoPE scaling") {
-    test::TempDir dir("bad-config");
-    auto folder = dir / "model";
-    write_tiny_model(folder);
-    const auto config = folder / "config.json";
-    const std::string good = infer::read_text_file(config);
+    TinyModel tiny("bad-config", "config.json");
+    const auto& [folder, config, good] = std::tie(tiny.folder, tiny.file, tiny.good);
 
     test::write_file(config, "{\"model_type\": \"llama\", oops}");
     std::string message = load_error(folder);
