@@ -5056,10 +5056,20 @@ struct Event {
     std::string error;           // when finish_reason is "error": why
 };
 
+// Where one request's time went, in seconds: waiting (in the queue, or running but left out of a step), and its share
+// of the steps it was part of. A step is attributed whole to each of its requests, since each waits for all of it; its
+// forward time counts as prefill until the request's first token and as decode after. The parts sum to finished -
+// arrival, so a benchmark can name the layer that dominates.
+struct RequestBreakdown {
+    double queue = 0, schedule = 0, prefill = 0, decode = 0, sample = 0, detokenize = 0;
+    double total() const { return queue + schedule + prefill + decode + sample + detokenize; }
+};
+
 // Times in seconds since the engine was made (steady clock).
 struct RequestTimes {
     double arrival = -1, first_scheduled = -1, first_token = -1, finished = -1;
     std::vector<double> token_times;  // [generated] when each id was sampled
+    RequestBreakdown breakdown;
 };
 
 struct RequestResult {
@@ -5116,7 +5126,7 @@ public:
         r.seq.tokens = std::move(prompt_ids);
         r.params = params;
         r.stop = std::move(stop);
-        r.times.arrival = now();
+        r.times.arrival = r.accounted_until = now();
         std::string problem = check(r);
         if (problem.empty()) {
             r.sampler.emplace(params, model_.config.vocab_size);
@@ -5172,12 +5182,16 @@ public:
         stats.forward = clock.seconds();
 
         size_t row = 0;
+        std::vector<bool> before_first_token;
         for (const ScheduledChunk& chunk : plan.chunks) {
             Sequence& s = *chunk.sequence;
+            before_first_token.push_back(request_of(&s).times.first_token < 0);
+            request_of(&s).in_step = true;
             s.computed += chunk.count;
             cache_.commit(s.id, s.tokens, s.computed);
             if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
         }
+        for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
 
         stats.prefill_tokens = plan.prefill_tokens;
         stats.decode_tokens = plan.decode_tokens;
@@ -5232,6 +5246,8 @@ private:
         std::string text;    // all text streamed so far (may end in held-back text)
         size_t emitted = 0;  // bytes of `text` already sent in events
         RequestTimes times;
+        double accounted_until = 0;  // the end of the last step in its breakdown (or its arrival)
+        bool in_step = false;        // part of the step being run: account() adds the step to its breakdown
         RequestResult result;
         bool stop_hit = false;  // a stop string was found: the text ends before it
         bool done = false;
@@ -5272,6 +5288,23 @@ private:
         for (const std::string& s : r.stop)
             if (s.empty()) return "a stop string is empty";
         return "";
+    }
+
+    // Adds a step the request took part in to its breakdown; the time since its last step is waiting.
+    static void account(Request& r, const StepStats& step, bool prefill) {
+        RequestBreakdown& b = r.times.breakdown;
+        const double end = step.start + step.schedule + step.forward + step.sample + step.detokenize;
+        b.queue += std::max(0.0, step.start - r.accounted_until);
+        b.schedule += step.schedule;
+        (prefill ? b.prefill : b.decode) += step.forward;
+        b.sample += step.sample;
+        b.detokenize += step.detokenize;
+        r.accounted_until = end;
+        r.in_step = false;
+        if (r.done) {  // finished in this step: its result is complete when the step returns
+            r.times.finished = end;
+            r.result.times = r.times;
+        }
     }
 
     void finish_later(int id, std::string reason, std::string message) {
@@ -5356,6 +5389,10 @@ private:
         event.error = message;
         r.done = true;
         r.times.finished = now();
+        if (!r.in_step) {  // finished while waiting (cancelled, refused): all of it since its last step was waiting
+            r.times.breakdown.queue += std::max(0.0, r.times.finished - r.accounted_until);
+            r.accounted_until = r.times.finished;
+        }
         scheduler_.remove(&r.seq);
         cache_.release(id);
         r.result.id = id;
@@ -5468,7 +5505,8 @@ private:
 };
 
 // Chrome's trace-event format (chrome://tracing, ui.perfetto.dev): one track for the engine's steps (each an "X"
-// event with its token counts), one per request (queued, prefill until the first token, decode until it finished).
+// event with its token counts), one per request (queued, prefill until the first token, decode until it finished,
+// and an instant mark at each sampled token).
 inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> steps, std::span<const RequestResult> requests) {
     auto us = [](double seconds) { return static_cast<long long>(seconds * 1e6); };
     out << "{\"traceEvents\":[\n";
@@ -5498,6 +5536,9 @@ inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> ste
         span("queued", t.arrival, scheduled);
         span("prefill", t.first_scheduled, t.first_token >= 0 ? t.first_token : t.finished);
         span("decode", t.first_token, t.finished);
+        for (size_t i = 0; i < t.token_times.size(); ++i)
+            out << ",\n{\"name\":\"token\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":" << tid << ",\"ts\":"
+                << us(t.token_times[i]) << ",\"args\":{\"index\":" << i << ",\"id\":" << r.generated_ids[i] << "}}";
     }
     out << "\n]}\n";
 }

@@ -373,6 +373,19 @@ TEST_CASE("step statistics and the Chrome trace") {
     size_t complete = 0;
     for (const infer::Json& e : events) complete += e.at("ph").as_string() == "X";
     CHECK(complete == engine.steps().size() + 3 * 3);  // each step, and queued/prefill/decode per request
+    size_t token_marks = 0;
+    for (const infer::Json& e : events) token_marks += e.at("ph").as_string() == "i";
+    CHECK(token_marks == static_cast<size_t>(generated));  // one instant per sampled token on its request's track
+
+    // Each request's time splits into waiting and its share of steps, and the parts add up to its whole life.
+    for (const auto& r : results) {
+        const infer::RequestBreakdown& b = r.times.breakdown;
+        CHECK(b.total() == doctest::Approx(r.times.finished - r.times.arrival).epsilon(1e-9));
+        CHECK(b.prefill > 0);
+        CHECK(b.decode > 0);
+        CHECK(b.schedule > 0);
+        CHECK(b.queue >= 0);
+    }
 }
 
 TEST_CASE("infer run-batch: OpenAI Batch lines in, one output line each, in order") {
