@@ -50,9 +50,7 @@ double layer_flops_per_token(const infer::Model& model) {
 
 int main(int argc, char** argv) try {
     Options options = parse_options(argc, argv);
-    infer::Model model = options.model_path.empty() ? infer::demo_model() : infer::load_model(options.model_path);
-    if (options.model_path.empty())
-        std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the timing is real)\n";
+    infer::Model model = model_or_demo(options.model_path);
     const infer::ModelConfig& c = model.config;
     const int N = options.prompt_tokens, M = options.decode_tokens, V = c.vocab_size;
     if (N + M > c.context_length)

@@ -197,9 +197,7 @@ void print_prefix_sharing(const infer::Model& model, infer::ThreadPool& pool, co
 
 int main(int argc, char** argv) try {
     Options options = parse_options(argc, argv);
-    infer::Model model = options.model_path.empty() ? infer::demo_model() : infer::load_model(options.model_path);
-    if (options.model_path.empty())
-        std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the figures are real)\n";
+    infer::Model model = model_or_demo(options.model_path);
     infer::ThreadPool pool(options.threads);
     print_bytes_per_token(model);
     print_contiguous_vs_paged(model, pool, options);

@@ -213,9 +213,7 @@ void preemption(const infer::Model& model, infer::ThreadPool& pool, const Option
 
 int main(int argc, char** argv) try {
     Options options = parse_options(argc, argv);
-    infer::Model model = options.model_path.empty() ? infer::demo_model() : infer::load_model(options.model_path);
-    if (options.model_path.empty())
-        std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the figures are real)\n";
+    infer::Model model = model_or_demo(options.model_path);
     infer::ThreadPool pool(options.threads);
     compare_policies(model, pool, options);
     chunked_prefill(model, pool, options);

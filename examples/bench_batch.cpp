@@ -101,8 +101,13 @@ double decode_rate(const infer::Model& model, infer::ThreadPool& pool, int runni
     params.max_tokens = 32;
     params.ignore_eos = true;
     std::vector<std::vector<int>> prompts;
-    for (int i = 0; i < running; ++i) prompts.push_back({1, 100 + i, 200 + i, 300 + i, 400 + i, 500 + i, 600 + i, 700 + i});
-    engine.generate(prompts, params);
+    for (int i = 0; i < running; ++i) {
+        std::vector<int> prompt{1};
+        for (int k = 1; k < 8; ++k) prompt.push_back(3 + (97 * k + 13 * i) % (model.config.vocab_size - 3));
+        prompts.push_back(prompt);
+    }
+    for (const infer::RequestResult& r : engine.generate(prompts, params))
+        if (r.finish_reason != "length") throw infer::Error("decode-rate request ended with \"" + r.finish_reason + "\": " + r.error);
     double seconds = 0;
     long long tokens = 0;
     for (const infer::StepStats& s : engine.steps())
@@ -135,7 +140,7 @@ int main(int argc, char** argv) try {
     }
     infer::Model model = infer::load_model(model_dir);
     write_workload(folder / "workload.jsonl", options, model.config.vocab_size);
-    std::printf("run-batch: %d requests (prompts 16-256 tokens, max_tokens 8-256), model %s (%.0fM parameters, %s)\n",
+    std::printf("run-batch: %d requests (prompts 16-256 tokens, max_tokens 8-256), model %s (%.1fM parameters, %s)\n",
                 options.requests, options.model_dir.empty() ? "make-model 110M" : options.model_dir.c_str(),
                 static_cast<double>(model.parameter_count()) / 1e6, infer::dtype_name(model.layers[0].wq.dtype));
 

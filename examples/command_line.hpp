@@ -76,3 +76,10 @@ public:
 private:
     std::map<std::string, std::string> values_;
 };
+
+// The model a chapter program runs: the one at `path`, or (empty path) the built-in demo model, with a note saying so.
+inline infer::Model model_or_demo(const std::string& path) {
+    if (!path.empty()) return infer::load_model(path);
+    std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the figures are real)\n";
+    return infer::demo_model();
+}
