@@ -1,0 +1,312 @@
+// route.cpp — `infer route`: the router of server.hpp as its own process, in front of several `infer serve`
+// processes (chapter 09). It reads just enough of each body to route it (the prompt, for the prefix policy; max_tokens,
+// for the load), forwards it unchanged and passes the answer back byte for byte as it arrives, so streams stay
+// streams. A health checker asks each upstream's /health; one that fails is ejected, one that answers again is
+// readmitted. A request whose upstream cannot be reached before anything was sent goes to the next one.
+#include "../infer.hpp"
+#include "command_line.hpp"
+#include "server.hpp"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <deque>
+#include <iostream>
+
+namespace serve {
+namespace {
+
+const char* route_usage = R"(usage:
+  infer route --port P --upstream URL [--upstream URL ...] [--host 127.0.0.1] [--policy round-robin|least-loaded|prefix]
+              [--health-interval SECONDS] [--http-threads N]
+
+  Forwards /v1/completions, /v1/chat/completions and /v1/models to the upstream `infer serve` processes (URL like
+  http://127.0.0.1:8081), streams passed through. GET /health: 200 while an upstream is healthy. GET /metrics: the
+  proxy's own (upstream health, requests per upstream).
+)";
+
+struct Upstream {
+    std::string url, host;
+    int port = 0;
+    std::atomic<bool> healthy{true};
+    std::atomic<int64_t> requests{0}, outstanding_tokens{0};
+    PrefixRecord record;
+};
+
+// One forwarded exchange: the upstream's thread fills it, the downstream HTTP thread drains it.
+struct Relay {
+    std::mutex mutex;
+    std::condition_variable ready;
+    bool have_head = false, done = false, downstream_gone = false;
+    int status = 0;
+    httplib::Headers headers;
+    std::deque<std::string> chunks;
+    std::unique_ptr<httplib::Client> client;
+    std::thread thread;
+    ~Relay() {  // the last owner may be the upstream thread itself, which cannot join itself
+        if (thread.joinable()) thread.get_id() == std::this_thread::get_id() ? thread.detach() : thread.join();
+    }
+};
+
+volatile std::sig_atomic_t route_signalled = 0;
+extern "C" void on_route_signal(int) { route_signalled = 1; }
+
+class Proxy {
+public:
+    Proxy(const CommandLine& options, const std::vector<std::string>& upstreams) {
+        host_ = options.text("--host", "127.0.0.1");
+        port_ = static_cast<int>(options.integer("--port", 8000, 0, 65535));
+        router_ = Router(RouterConfig{.policy = parse_route_policy(options.text("--policy", "round-robin"))});
+        interval_ = options.number("--health-interval", 1.0);
+        if (!(interval_ > 0)) infer::detail::fail("option --health-interval: must be > 0 seconds");
+        http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
+        if (upstreams.empty()) infer::detail::fail("infer route needs at least one --upstream URL");
+        for (const std::string& url : upstreams) {
+            auto upstream = std::make_unique<Upstream>();
+            upstream->url = url;
+            std::string rest = url;
+            if (rest.starts_with("http://")) rest = rest.substr(7);
+            else if (rest.find("://") != std::string::npos)
+                infer::detail::fail("--upstream ", url, ": only http:// upstreams are supported");
+            while (!rest.empty() && rest.back() == '/') rest.pop_back();
+            size_t colon = rest.rfind(':');
+            if (colon == std::string::npos) infer::detail::fail("--upstream ", url, ": needs a port, like http://127.0.0.1:8081");
+            upstream->host = rest.substr(0, colon);
+            try {
+                upstream->port = std::stoi(rest.substr(colon + 1));
+            } catch (const std::exception&) {
+                infer::detail::fail("--upstream ", url, ": \"", rest.substr(colon + 1), "\" is not a port");
+            }
+            upstreams_.push_back(std::move(upstream));
+        }
+    }
+
+    int run() {
+        std::signal(SIGPIPE, SIG_IGN);
+        std::signal(SIGTERM, on_route_signal);
+        std::signal(SIGINT, on_route_signal);
+        routes();
+        if (!http_.bind_to_port(host_.c_str(), port_)) infer::detail::fail("infer route: cannot listen on ", host_, ":", port_);
+        std::thread checker([&] { check_health(); });
+        std::cerr << "infer route: http://" << host_ << ':' << port_ << " -> " << upstreams_.size() << " upstreams, policy "
+                  << route_policy_name(router_.config().policy) << std::endl;
+        http_.listen_after_bind();
+        stop_ = true;
+        checker.join();
+        return 0;
+    }
+
+private:
+    void check_health() {
+        auto last = std::chrono::steady_clock::now() - std::chrono::hours(1);
+        while (!stop_) {
+            if (route_signalled) {
+                http_.stop();
+                return;
+            }
+            if (std::chrono::steady_clock::now() - last >= std::chrono::duration<double>(interval_)) {
+                last = std::chrono::steady_clock::now();
+                for (auto& upstream : upstreams_) {
+                    httplib::Client client(upstream->host, upstream->port);
+                    client.set_connection_timeout(1);
+                    client.set_read_timeout(2);
+                    auto answer = client.Get("/health");
+                    const bool ok = answer && answer->status == 200;
+                    if (ok != upstream->healthy.exchange(ok)) {
+                        std::cerr << "infer route: " << upstream->url << (ok ? " readmitted" : " ejected") << std::endl;
+                        if (!ok) upstream->record.clear();  // its cache is gone (or soon will be)
+                    }
+                }
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+
+    void routes() {
+        http_.new_task_queue = [n = http_threads_] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+        http_.set_keep_alive_timeout(2);
+        http_.set_tcp_nodelay(true);  // each SSE chunk leaves at once (Nagle would hold it for the last one's ACK)
+        http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+            res.set_content(error_body(res.status, res.status == 404 ? "Not Found: no route " + req.method + " " + req.path
+                                                                     : "HTTP error " + std::to_string(res.status)),
+                            "application/json");
+            return httplib::Server::HandlerResponse::Handled;
+        }));
+        http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+            for (auto& upstream : upstreams_)
+                if (upstream->healthy) return res.set_content("{\"status\":\"ok\"}", "application/json");
+            res.status = 503;
+            res.set_content(error_body(503, "no healthy upstream"), "application/json");
+        });
+        http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+            std::map<std::string, std::map<std::string, double>> gauges;
+            for (auto& upstream : upstreams_) {
+                const std::string label = "upstream=\"" + upstream->url + "\"";
+                gauges["infer:upstream_healthy"][label] = upstream->healthy ? 1 : 0;
+                gauges["infer:outstanding_tokens"][label] = static_cast<double>(upstream->outstanding_tokens.load());
+            }
+            res.set_content(metrics_.render(gauges), "text/plain; version=0.0.4");
+        });
+        auto forward = [this](const httplib::Request& req, httplib::Response& res) { this->forward(req, res); };
+        http_.Get("/v1/models", forward);
+        http_.Post("/v1/completions", forward);
+        http_.Post("/v1/chat/completions", forward);
+    }
+
+    // What routing needs from a body: the prompt's text (prefix policy) and its cost estimate (least-loaded).
+    static std::pair<std::string, int64_t> routing_key(const std::string& body) {
+        nlohmann::json json = nlohmann::json::parse(body, nullptr, false);
+        if (json.is_discarded() || !json.is_object()) return {"", 0};
+        std::string text;
+        if (json.contains("prompt") && json["prompt"].is_string()) text = json["prompt"].get<std::string>();
+        if (json.contains("messages") && json["messages"].is_array())
+            for (const auto& message : json["messages"])
+                if (message.is_object() && message.contains("content") && message["content"].is_string())
+                    text += message.value("role", "") + ": " + message["content"].get<std::string>() + "\n";
+        int64_t max_tokens = 16;
+        for (const char* name : {"max_tokens", "max_completion_tokens"})
+            if (json.contains(name) && json[name].is_number_integer()) max_tokens = json[name].get<int64_t>();
+        return {text, static_cast<int64_t>(text.size() / 4) + max_tokens};  // ~4 bytes a token: an estimate suffices
+    }
+
+    void forward(const httplib::Request& req, httplib::Response& res) {
+        auto [text, cost] = req.method == "POST" ? routing_key(req.body) : std::pair<std::string, int64_t>{"", 0};
+        std::vector<bool> tried(upstreams_.size(), false);
+        while (true) {
+            std::vector<Candidate> candidates(upstreams_.size());
+            for (size_t i = 0; i < upstreams_.size(); ++i) {
+                candidates[i].available = upstreams_[i]->healthy && !tried[i];
+                candidates[i].requests = upstreams_[i]->requests;
+                candidates[i].outstanding_tokens = upstreams_[i]->outstanding_tokens;
+                if (router_.config().policy == RoutePolicy::Prefix) candidates[i].prefix_match = upstreams_[i]->record.longest_match(text);
+            }
+            int chosen;
+            {
+                std::lock_guard lock(router_mutex_);
+                chosen = router_.choose(candidates, static_cast<int64_t>(text.size()));
+            }
+            if (chosen < 0) {
+                res.status = 503;
+                res.set_content(error_body(503, "no healthy upstream to serve the request"), "application/json");
+                return;
+            }
+            tried[static_cast<size_t>(chosen)] = true;
+            if (relay(req, res, *upstreams_[static_cast<size_t>(chosen)], text, cost)) return;
+        }
+    }
+
+    // Sends the request to one upstream. False: it could not be reached (it is ejected; the caller tries another).
+    bool relay(const httplib::Request& req, httplib::Response& res, Upstream& upstream, const std::string& text, int64_t cost) {
+        auto r = std::make_shared<Relay>();
+        r->client = std::make_unique<httplib::Client>(upstream.host, upstream.port);
+        r->client->set_connection_timeout(2);
+        r->client->set_read_timeout(3600);
+        auto outgoing = std::make_shared<httplib::Request>();
+        outgoing->method = req.method;
+        outgoing->path = req.path;
+        outgoing->body = req.body;
+        for (const char* name : {"Authorization", "Content-Type", "Accept"})
+            if (req.has_header(name)) outgoing->headers.emplace(name, req.get_header_value(name));
+        outgoing->response_handler = [r](const httplib::Response& head) {
+            std::lock_guard lock(r->mutex);
+            r->status = head.status;
+            r->headers = head.headers;
+            r->have_head = true;
+            r->ready.notify_all();
+            return !r->downstream_gone;
+        };
+        outgoing->content_receiver = [r](const char* data, size_t size, uint64_t, uint64_t) {
+            std::lock_guard lock(r->mutex);
+            r->chunks.emplace_back(data, size);
+            r->ready.notify_all();
+            return !r->downstream_gone;
+        };
+        r->thread = std::thread([r, outgoing] {
+            httplib::Response answer;
+            httplib::Error error = httplib::Error::Success;
+            r->client->send(*outgoing, answer, error);
+            std::lock_guard lock(r->mutex);
+            r->done = true;
+            r->ready.notify_all();
+        });
+        {
+            std::unique_lock lock(r->mutex);
+            r->ready.wait(lock, [&] { return r->have_head || r->done; });
+            if (!r->have_head) {  // never answered: eject it now rather than at the next check
+                lock.unlock();
+                if (upstream.healthy.exchange(false)) std::cerr << "infer route: " << upstream.url << " ejected (unreachable)" << std::endl;
+                return false;
+            }
+        }
+        upstream.requests += 1;
+        upstream.outstanding_tokens += cost;
+        if (!text.empty()) upstream.record.add(text);
+        metrics_.add("infer:upstream_requests_total", "upstream=\"" + upstream.url + "\"", 1);
+        res.status = r->status;
+        std::string content_type = "application/json";
+        for (const auto& [name, value] : r->headers) {
+            if (name == "Content-Type") content_type = value;
+            else if (name == "Retry-After" || name == "Cache-Control" || name == "X-Accel-Buffering") res.set_header(name.c_str(), value);
+        }
+        res.set_chunked_content_provider(
+            content_type,
+            [r](size_t, httplib::DataSink& sink) {
+                std::deque<std::string> chunks;
+                bool done;
+                {
+                    std::unique_lock lock(r->mutex);
+                    r->ready.wait_for(lock, std::chrono::milliseconds(20), [&] { return !r->chunks.empty() || r->done; });
+                    chunks.swap(r->chunks);
+                    done = r->done;
+                }
+                for (const std::string& chunk : chunks)
+                    if (!sink.write(chunk.data(), chunk.size())) return false;
+                if (!sink.is_writable()) return false;
+                if (done) sink.done();
+                return true;
+            },
+            [r, &upstream, cost](bool) {
+                {
+                    std::lock_guard lock(r->mutex);
+                    r->downstream_gone = true;  // the upstream's next callback returns false: its request is cancelled
+                }
+                r->client->stop();
+                upstream.requests -= 1;
+                upstream.outstanding_tokens -= cost;
+            });
+        return true;
+    }
+
+    std::string host_;
+    int port_ = 8000, http_threads_ = 64;
+    double interval_ = 1.0;
+    std::vector<std::unique_ptr<Upstream>> upstreams_;
+    Router router_;
+    std::mutex router_mutex_;
+    Metrics metrics_;
+    std::atomic<bool> stop_{false};
+    httplib::Server http_;
+};
+
+}  // namespace
+}  // namespace serve
+
+// Called by infer.cpp's main for `infer route ...`. --upstream repeats, so it is taken out before the option parser.
+int run_route(int argc, char** argv) {
+    std::vector<std::string> upstreams;
+    std::vector<char*> rest(argv, argv + 2);
+    for (int i = 2; i < argc; ++i) {
+        if (std::string(argv[i]) == "--upstream") {
+            if (i + 1 >= argc) infer::detail::fail("option --upstream needs a value");
+            upstreams.push_back(argv[++i]);
+        } else {
+            rest.push_back(argv[i]);
+        }
+    }
+    CommandLine options(static_cast<int>(rest.size()), rest.data(), 2,
+                        {"--port", "--host", "--policy", "--health-interval", "--http-threads"}, {}, serve::route_usage);
+    serve::Proxy proxy(options, upstreams);
+    return proxy.run();
+}

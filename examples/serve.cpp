@@ -1,0 +1,503 @@
+// serve.cpp — `infer serve`: the OpenAI-compatible HTTP server around one or many engine instances (chapter 08).
+//
+// A request's path: an HTTP thread of cpp-httplib's pool reads it, parses the JSON and tokenizes (server.hpp), the
+// router picks an instance, admission control takes it or answers 429 at once, the instance's EngineLoop thread runs
+// it step by step and hands each step's events to the request's Pending box, and the HTTP thread writes them out:
+// as SSE chunks when streaming, as one body when not. The HTTP thread polls its socket while it waits, so a client
+// that goes away cancels its request within one engine step, and its KV blocks go back to the pool.
+#include "../infer.hpp"
+#include "command_line.hpp"
+#include "server.hpp"
+
+#include <httplib.h>
+
+#include <csignal>
+#include <deque>
+#include <iostream>
+
+namespace serve {
+namespace {
+
+const char* serve_usage = R"(usage:
+  infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
+              [--max-queue N] [--max-queue-tokens N] [--api-key KEY] [--served-model-name NAME] [--max-body BYTES]
+              [--chat-template FILE_OR_NAME] [--tokenizer FILE] [-t THREADS] [--http-threads N]
+              [--max-batch-tokens N] [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B]
+              [--no-prefix-cache]
+
+  OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models;
+  GET /health (200 ready, 503 loading or draining), GET /metrics (Prometheus text).
+  Without -m it serves the built-in demo model (random weights). SIGTERM/SIGINT: finish what runs, then exit 0.
+  --instances N    N engines in this process sharing the weights, each with its own thread and KV cache
+  --max-queue N    requests waiting per instance, beyond its --max-seqs running ones, before 429 (default 64;
+                   0: no queue); --max-queue-tokens N: the same bound in prompt tokens (default 1M)
+  -t THREADS       matmul threads in all (default: all cores), split between the instances
+)";
+
+// One request between the engine's thread (which fills it) and its HTTP thread (which drains it).
+struct Pending {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<infer::Event> events;
+    std::optional<infer::RequestResult> result;  // set with the finishing event
+    bool finished = false;
+};
+
+struct Instance {
+    std::unique_ptr<infer::ThreadPool> pool;
+    std::unique_ptr<infer::Engine> engine;
+    std::unique_ptr<infer::EngineLoop> loop;
+    std::atomic<int64_t> requests{0}, outstanding_tokens{0}, waiting_tokens{0};
+};
+
+volatile std::sig_atomic_t signalled = 0;
+extern "C" void on_signal(int) { signalled = 1; }
+
+long long unix_time() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class Server {
+public:
+    explicit Server(const CommandLine& options) : options_(options) {
+        host_ = options.text("--host", "127.0.0.1");
+        port_ = static_cast<int>(options.integer("--port", 8080, 0, 65535));
+        instance_count_ = static_cast<int>(options.integer("--instances", 1, 1, 256));
+        router_ = Router(RouterConfig{.policy = parse_route_policy(options.text("--route", "round-robin"))});
+        limits_.max_waiting_requests = static_cast<int>(options.integer("--max-queue", 64, 0, 1 << 20));
+        limits_.max_waiting_tokens = options.integer("--max-queue-tokens", 1 << 20, 1, std::numeric_limits<int64_t>::max());
+        api_key_ = options.text("--api-key");
+        max_body_ = static_cast<size_t>(options.integer("--max-body", 32 << 20, 1, std::numeric_limits<int32_t>::max()));
+        http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
+    }
+
+    int run() {
+        std::signal(SIGPIPE, SIG_IGN);
+        std::signal(SIGTERM, on_signal);
+        std::signal(SIGINT, on_signal);
+        routes();
+        if (!http_.bind_to_port(host_.c_str(), port_)) infer::detail::fail("infer serve: cannot listen on ", host_, ":", port_);
+        // Listen before loading: while the weights load, /health and the API answer 503 (as vLLM's server does).
+        std::thread listener([&] { http_.listen_after_bind(); });
+        std::thread watcher([&] { watch_signals(); });
+        try {
+            load();
+        } catch (...) {
+            stop_ = true;
+            http_.stop();
+            listener.join();
+            watcher.join();
+            throw;
+        }
+        std::cerr << "infer serve: " << served_name_ << " on http://" << host_ << ':' << port_ << " (" << instance_count_
+                  << (instance_count_ == 1 ? " instance" : " instances") << ", route " << route_policy_name(router_.config().policy)
+                  << ", max queue " << limits_.max_waiting_requests << ")" << std::endl;
+        listener.join();
+        watcher.join();
+        std::cerr << "infer serve: drained, exiting" << std::endl;
+        return 0;
+    }
+
+private:
+    // ---- startup and shutdown ----------------------------------------------------------------------------------
+
+    void load() {
+        if (options_.has("-m")) {
+            model_ = infer::load_model(options_.text("-m"), options_.text("--tokenizer"));
+            served_name_ = std::filesystem::path(options_.text("-m")).filename().string();
+        } else {
+            model_ = infer::demo_model();
+            served_name_ = "infer-demo";
+        }
+        served_name_ = options_.text("--served-model-name", served_name_);
+        if (infer::has_tokenizer(model_)) tokenizer_ = infer::tokenizer_for(model_);
+        if (tokenizer_) {
+            // A bad --chat-template stops the server; a model without a template serves completions and answers
+            // chat requests with a 400 that says how to give one.
+            try {
+                template_ = chat_template_source(options_.text("--chat-template"), *tokenizer_);
+            } catch (const infer::Error& e) {
+                if (options_.has("--chat-template")) throw;
+                template_error_ = e.what();
+            }
+            variables_ = template_variables(*tokenizer_);
+        }
+        context_.model = &model_;
+        context_.tokenizer = tokenizer_ ? &*tokenizer_ : nullptr;
+        context_.render_chat = [this](const infer::Json& messages) {
+            if (!template_error_.empty()) throw HttpError(400, template_error_, "messages");
+            return chat::render(template_, messages, true, variables_);
+        };
+
+        infer::EngineConfig config;
+        config.scheduler.max_batch_tokens = static_cast<int>(options_.integer("--max-batch-tokens", 512, 1, 1 << 20));
+        config.scheduler.max_seqs = static_cast<int>(options_.integer("--max-seqs", 64, 1, 1 << 16));
+        config.block_size = static_cast<int>(options_.integer("--block-size", 16, 1, 4096));
+        config.num_blocks = static_cast<int>(options_.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
+        config.kv_memory_bytes = static_cast<size_t>(options_.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
+        config.prefix_caching = !options_.has("--no-prefix-cache");
+        const long long threads = options_.integer("-t", 0, 0, 1024);
+        const int total = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        // The instances share model_ (the mapped weights, read-only); each has its own pool of threads and KV cache.
+        for (int i = 0; i < instance_count_; ++i) {
+            auto instance = std::make_unique<Instance>();
+            instance->pool = std::make_unique<infer::ThreadPool>(std::max(1, total / instance_count_));
+            instance->engine = std::make_unique<infer::Engine>(model_, *instance->pool, config, context_.tokenizer);
+            instance->loop = std::make_unique<infer::EngineLoop>(*instance->engine);
+            instances_.push_back(std::move(instance));
+        }
+        pool_tokens_ = instances_[0]->engine->cache().capacity_tokens();
+        ready_ = true;
+    }
+
+    // SIGTERM/SIGINT: answer 503 to new requests, let the admitted ones finish, then stop listening.
+    void watch_signals() {
+        while (!stop_ && !signalled) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (stop_) return;
+        draining_ = true;
+        std::cerr << "infer serve: draining " << in_flight_.load() << " requests" << std::endl;
+        while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        http_.stop();  // the instances stop with the Server (http_ goes first: it is declared last)
+    }
+
+    // ---- HTTP ---------------------------------------------------------------------------------------------------
+
+    void routes() {
+        http_.new_task_queue = [n = http_threads_] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+        http_.set_payload_max_length(max_body_);
+        http_.set_keep_alive_timeout(2);
+        http_.set_tcp_nodelay(true);  // each SSE chunk leaves at once (Nagle would hold it for the last one's ACK)
+        // httplib answers unknown routes (404) and oversized bodies (413) itself; give them OpenAI's error body.
+        http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+            std::string message = res.status == 404   ? "Not Found: no route " + req.method + " " + req.path
+                                  : res.status == 413 ? infer::detail::concat("the request body is larger than the limit of ",
+                                                                              max_body_, " bytes (--max-body)")
+                                                      : "HTTP error " + std::to_string(res.status);
+            res.set_content(error_body(res.status, message), "application/json");
+            count_status(req.path, res.status);
+            return httplib::Server::HandlerResponse::Handled;
+        }));
+        http_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+            if (ready_ && !draining_) res.set_content("{\"status\":\"ok\"}", "application/json");
+            else fail(req, res, 503, draining_ ? "the server is shutting down" : "the model is loading");
+            if (res.status == 200) count_status(req.path, 200);
+        });
+        http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+            res.set_content(render_metrics(), "text/plain; version=0.0.4");
+        });
+        http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!gate(req, res)) return;
+            std::string body = "{\"object\":\"list\",\"data\":[{\"id\":" + json_string(served_name_) +
+                               ",\"object\":\"model\",\"created\":" + std::to_string(started_) +
+                               ",\"owned_by\":\"infer\",\"max_model_len\":" + std::to_string(model_.config.context_length) + "}]}";
+            res.set_content(body, "application/json");
+            count_status(req.path, 200);
+        });
+        http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
+        http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
+    }
+
+    void count_status(const std::string& path, int status) {
+        metrics_.add("infer:http_requests_total", "endpoint=\"" + path + "\",status=\"" + std::to_string(status) + "\"", 1);
+    }
+
+    void fail(const httplib::Request& req, httplib::Response& res, int status, const std::string& message,
+              const std::string& param = "") {
+        res.status = status;
+        if (status == 429) res.set_header("Retry-After", "1");
+        res.set_content(error_body(status, message, param), "application/json");
+        count_status(req.path, status);
+    }
+
+    // The checks every API request passes first: the key (401), then readiness (503).
+    bool gate(const httplib::Request& req, httplib::Response& res) {
+        if (!api_key_.empty() && req.get_header_value("Authorization") != "Bearer " + api_key_) {
+            fail(req, res, 401, req.has_header("Authorization") ? "Incorrect API key provided" : "Missing API key: send \"Authorization: Bearer KEY\"");
+            return false;
+        }
+        if (!ready_ || draining_) {
+            fail(req, res, 503, draining_ ? "the server is shutting down" : "the model is loading");
+            return false;
+        }
+        return true;
+    }
+
+    void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+        auto arrival = std::make_shared<infer::Stopwatch>();  // e2e: from here (httplib has read the request) to the last byte
+        if (!gate(req, res)) return;
+        Timing timing;
+        CompletionRequest r;
+        infer::Stopwatch clock;
+        try {
+            infer::Json body;
+            try {
+                body = infer::Json::parse(req.body, "request body");
+            } catch (const infer::Error& e) {
+                throw HttpError(400, std::string("malformed JSON: ") + e.what());
+            }
+            timing.http_parse = clock.seconds();
+            r = parse_request(body, chat, context_);
+            timing.tokenize = r.tokenize_seconds;
+            if (!r.model.empty() && r.model != served_name_)
+                throw HttpError(404, "The model `" + r.model + "` does not exist.", "model");
+            check_fits(r, model_.config.context_length, pool_tokens_);
+        } catch (const HttpError& e) {
+            return fail(req, res, e.status, e.what(), e.param);
+        } catch (const infer::Error& e) {
+            return fail(req, res, 400, e.what());
+        }
+
+        // Route, then admit: the instance's queue is checked under its loop's lock, so the bound is exact.
+        clock.restart();
+        auto pending = std::make_shared<Pending>();
+        const int64_t prompt_tokens = static_cast<int64_t>(r.prompt.size());
+        const int64_t cost = prompt_tokens + r.params.max_tokens;
+        int chosen = choose_instance(r.prompt);
+        Instance& instance = *instances_[static_cast<size_t>(chosen)];
+        infer::EngineLoop* loop = instance.loop.get();
+        auto callback = [this, pending, loop](const infer::Event& event) {
+            std::optional<infer::RequestResult> result;
+            if (event.finished) result = loop->result(event.request_id);  // runs on the loop's thread, outside its lock
+            // A cancelled request's HTTP thread is gone (its client hung up): count it here.
+            if (event.finished && event.finish_reason == "cancelled")
+                metrics_.add("infer:request_success_total", "finished_reason=\"cancelled\"", 1);
+            std::lock_guard lock(pending->mutex);
+            pending->events.push_back(event);
+            if (event.finished) {
+                pending->finished = true;
+                pending->result = std::move(result);
+            }
+            pending->ready.notify_all();
+        };
+        ++in_flight_;
+        std::optional<int> id = loop->try_submit(r.prompt, r.params, r.stop, callback, [&](const infer::Engine& engine) {
+            // Routing ends here, before the engine holds the request: from now on its time is the engine's (queue).
+            timing.route = clock.seconds();
+            // A request that the next step takes into a free batch slot is not queued; beyond the slots, the queue.
+            const int free_slots = std::max(0, engine.config().scheduler.max_seqs - engine.running_count());
+            return engine.waiting_count() < free_slots ||
+                   admit(limits_, engine.waiting_count() - free_slots, instance.waiting_tokens.load(), prompt_tokens);
+        });
+        if (!id) {
+            --in_flight_;
+            return fail(req, res, 429, infer::detail::concat("the server is at capacity: instance ", chosen, " already has ",
+                                                             limits_.max_waiting_requests, " requests waiting (--max-queue); retry later"));
+        }
+        instance.requests += 1;
+        instance.outstanding_tokens += cost;
+        instance.waiting_tokens += prompt_tokens;
+        metrics_.add("infer:instance_requests_total", "instance=\"" + std::to_string(chosen) + "\"", 1);
+
+        auto stream = std::make_shared<Stream>();
+        stream->head = ResponseHead{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(chosen) + "-" + std::to_string(*id) + "-" +
+                                        std::to_string(next_response_++),
+                                    unix_time(), r.model.empty() ? served_name_ : r.model, chat};
+        stream->streaming = r.stream;
+        stream->include_usage = r.include_usage;
+        stream->timing = timing;
+        stream->arrival = arrival;
+        stream->instance = &instance;
+        stream->engine_id = *id;
+        stream->cost = cost;
+        stream->prompt_tokens = prompt_tokens;
+        stream->path = req.path;
+        res.set_chunked_content_provider(
+            r.stream ? "text/event-stream" : "application/json",
+            [this, pending, stream](size_t, httplib::DataSink& sink) { return write_some(*pending, *stream, sink); },
+            [this, stream](bool) { close(*stream); });
+        if (r.stream) {
+            res.set_header("Cache-Control", "no-cache");
+            res.set_header("X-Accel-Buffering", "no");  // tell nginx not to buffer the stream
+        }
+    }
+
+    struct Stream {
+        ResponseHead head;
+        bool streaming = false, include_usage = false, role_sent = false, waiting = true, done = false, cancelled = false;
+        Timing timing;
+        std::shared_ptr<infer::Stopwatch> arrival;
+        double finish_seen = -1;  // arrival-clock seconds when the HTTP thread took the finishing event
+        Instance* instance = nullptr;
+        int engine_id = -1;
+        int64_t cost = 0, prompt_tokens = 0;
+        std::string path;
+    };
+
+    int choose_instance(const std::vector<int>& prompt) {
+        std::vector<Candidate> candidates(instances_.size());
+        for (size_t i = 0; i < instances_.size(); ++i) {
+            candidates[i].requests = instances_[i]->requests;
+            candidates[i].outstanding_tokens = instances_[i]->outstanding_tokens;
+            if (router_.config().policy == RoutePolicy::Prefix)
+                candidates[i].prefix_match = instances_[i]->loop->inspect(
+                    [&](const infer::Engine& engine) { return engine.cache().cached_prefix_tokens(prompt); });
+        }
+        std::lock_guard lock(router_mutex_);
+        return router_.choose(candidates, static_cast<int64_t>(prompt.size()));
+    }
+
+    // The content provider: called again and again on the HTTP thread until it returns false or calls sink.done().
+    // Each call waits up to 20 ms for events, so a vanished client is noticed (and its request cancelled) within that.
+    bool write_some(Pending& pending, Stream& s, httplib::DataSink& sink) {
+        std::deque<infer::Event> events;
+        {
+            std::unique_lock lock(pending.mutex);
+            pending.ready.wait_for(lock, std::chrono::milliseconds(20), [&] { return !pending.events.empty(); });
+            events.swap(pending.events);
+        }
+        if (!sink.is_writable()) return cancel(s);
+        for (infer::Event& event : events) {
+            if (s.waiting) {  // the request left the queue
+                s.waiting = false;
+                s.instance->waiting_tokens -= s.prompt_tokens;
+            }
+            if (!event.finished) {
+                if (s.streaming && !event.text.empty() && !send_chunk(s, sink, event.text, "")) return cancel(s);
+                continue;
+            }
+            s.finish_seen = s.arrival->seconds();
+            std::optional<infer::RequestResult> result;
+            {
+                std::lock_guard lock(pending.mutex);
+                result = std::move(pending.result);
+            }
+            if (!result) return cancel(s);
+            return finish(s, sink, event, *result);
+        }
+        return true;
+    }
+
+    bool send_chunk(Stream& s, httplib::DataSink& sink, std::string_view text, std::string_view finish_reason,
+                    const Timing* timing = nullptr) {
+        std::string chunk = chunk_body(s.head, text, s.head.chat && !s.role_sent, finish_reason, s.include_usage);
+        s.role_sent = true;
+        if (timing) chunk = with_timing(chunk, *timing);
+        std::string data = sse(chunk);
+        return sink.write(data.data(), data.size());
+    }
+
+    bool finish(Stream& s, httplib::DataSink& sink, const infer::Event& event, infer::RequestResult& result) {
+        Timing& t = s.timing;
+        t.engine = result.times.breakdown;
+        t.http_write = s.arrival->seconds() - s.finish_seen;
+        t.e2e = s.arrival->seconds();
+        const std::string& reason = result.finish_reason;
+        // Counted before the last write, so a client that has its last byte finds its request in /metrics.
+        record(s, result);
+        bool ok = true;
+        if (s.streaming) {
+            if (result.finish_reason == "error") {
+                std::string data = sse(error_body(500, result.error));
+                ok = sink.write(data.data(), data.size());
+            } else {
+                ok = send_chunk(s, sink, event.text, reason, s.include_usage ? nullptr : &t);
+                if (ok && s.include_usage) {
+                    std::string data = sse(with_timing(usage_chunk_body(s.head, result), t));
+                    ok = sink.write(data.data(), data.size());
+                }
+            }
+            if (ok) ok = sink.write("data: [DONE]\n\n", 14);
+        } else {
+            std::string body = result.finish_reason == "error" ? error_body(500, result.error) : completion_body(s.head, result, &t);
+            ok = sink.write(body.data(), body.size());
+        }
+        if (ok) sink.done();
+        s.done = true;
+        return ok;
+    }
+
+    // The client went away: cancel the request (its blocks go back at the next step) and stop writing.
+    bool cancel(Stream& s) {
+        if (!s.done && !s.cancelled) {
+            s.cancelled = true;
+            s.instance->loop->cancel(s.engine_id);
+        }
+        return false;
+    }
+
+    // After the last write (or the connection's end): the request no longer counts against its instance or the drain.
+    void close(Stream& s) {
+        if (!s.done) cancel(s);
+        if (s.waiting) s.instance->waiting_tokens -= s.prompt_tokens;
+        s.waiting = false;
+        s.instance->requests -= 1;
+        s.instance->outstanding_tokens -= s.cost;
+        if (!s.done) count_status(s.path, 499);  // nginx's "client closed request"
+        --in_flight_;
+    }
+
+    void record(const Stream& s, const infer::RequestResult& result) {
+        count_status(s.path, 200);  // the status line went out with the first byte
+        if (result.finish_reason != "cancelled")
+            metrics_.add("infer:request_success_total", "finished_reason=\"" + result.finish_reason + "\"", 1);
+        metrics_.add("infer:prompt_tokens_total", "", static_cast<double>(result.prompt_ids.size()));
+        metrics_.add("infer:generation_tokens_total", "", static_cast<double>(result.generated_ids.size()));
+        for (const auto& [layer, seconds] : timing_layers(s.timing))
+            metrics_.add("infer:request_layer_seconds_total", std::string("layer=\"") + layer + "\"", seconds);
+        const infer::RequestTimes& t = result.times;
+        const double before_engine = s.timing.http_parse + s.timing.tokenize + s.timing.route;
+        if (t.first_token >= 0) metrics_.observe("infer:time_to_first_token_seconds", before_engine + t.first_token - t.arrival);
+        for (size_t i = 1; i < t.token_times.size(); ++i)
+            metrics_.observe("infer:inter_token_latency_seconds", t.token_times[i] - t.token_times[i - 1]);
+        if (t.first_scheduled >= 0) metrics_.observe("infer:request_queue_time_seconds", t.first_scheduled - t.arrival);
+        metrics_.observe("infer:e2e_request_latency_seconds", s.timing.e2e);
+    }
+
+    std::string render_metrics() {
+        std::map<std::string, std::map<std::string, double>> gauges;
+        if (ready_)
+            for (size_t i = 0; i < instances_.size(); ++i) {
+                const std::string label = "instance=\"" + std::to_string(i) + "\"";
+                instances_[i]->loop->inspect([&](const infer::Engine& engine) {
+                    const infer::KVCache& cache = engine.cache();
+                    const infer::EngineTotals& totals = engine.totals();
+                    gauges["infer:num_requests_running"][label] = engine.running_count();
+                    gauges["infer:num_requests_waiting"][label] = engine.waiting_count();
+                    gauges["infer:kv_cache_used_blocks"][label] = cache.used_block_count();
+                    gauges["infer:kv_cache_usage_perc"][label] = static_cast<double>(cache.used_block_count()) / cache.num_blocks();
+                    gauges["infer:prefix_cache_hits_total"][label] = static_cast<double>(totals.prefix_hit_tokens);
+                    gauges["infer:prefix_cache_queries_total"][label] = static_cast<double>(totals.prompt_tokens);
+                    gauges["infer:prefix_cache_hit_ratio"][label] =
+                        totals.prompt_tokens > 0 ? static_cast<double>(totals.prefix_hit_tokens) / static_cast<double>(totals.prompt_tokens) : 0;
+                    gauges["infer:num_preemptions_total"][label] = static_cast<double>(totals.preemptions);
+                    return 0;
+                });
+                gauges["infer:outstanding_tokens"][label] = static_cast<double>(instances_[i]->outstanding_tokens.load());
+            }
+        return metrics_.render(gauges);
+    }
+
+    const CommandLine& options_;
+    std::string host_, api_key_, served_name_, template_, template_error_;
+    int port_ = 8080, instance_count_ = 1, http_threads_ = 64, pool_tokens_ = 0;
+    size_t max_body_ = 0;
+    AdmissionLimits limits_;
+    Router router_;
+    std::mutex router_mutex_;
+    infer::Model model_;
+    std::optional<infer::Tokenizer> tokenizer_;
+    infer::Json variables_;
+    RequestContext context_;
+    std::vector<std::unique_ptr<Instance>> instances_;
+    Metrics metrics_;
+    std::atomic<bool> ready_{false}, draining_{false}, stop_{false};
+    std::atomic<int> in_flight_{0};
+    std::atomic<long long> next_response_{0};
+    long long started_ = unix_time();
+    httplib::Server http_;
+};
+
+}  // namespace
+}  // namespace serve
+
+// Called by infer.cpp's main for `infer serve ...`.
+int run_serve(int argc, char** argv) {
+    CommandLine options(argc, argv, 2,
+                        {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",
+                         "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads",
+                         "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size"},
+                        {"--no-prefix-cache"}, serve::serve_usage);
+    serve::Server server(options);
+    return server.run();
+}
