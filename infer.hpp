@@ -8,6 +8,7 @@
 //   3. Tokenizer          SentencePiece scores and Hugging Face BPE (tokenizer.json, GGUF)    (chapter 03)
 //   4. KV cache           a pool of fixed-size blocks, block tables, prefix caching (LRU)    (chapter 05)
 //   5. Forward pass       one function for prefill and decode over a batch of tokens         (chapter 04)
+//  5b. Device            cpu or cuda behind one forward pass (kernels in infer_cuda.cu)    (chapter 07)
 //   6. Sampler            temperature, top-k, top-p, min-p, penalties, seeded                (chapter 04)
 //   7. Generation         one request end to end, timed layer by layer                       (chapter 01)
 //   8. Scheduler          continuous batching: decode first, chunked prefill, preemption     (chapter 06)
@@ -34,9 +35,11 @@
 //   N output rows of a matrix, K its input width (a weight is stored [N, K], row-major, as PyTorch's nn.Linear)
 //
 // Configuration: nothing to define. With AVX2+FMA (e.g. -march=native on x86-64) the matrix-vector kernels use
-// intrinsics; elsewhere a plain loop that compilers vectorize computes the same sums in the same order.
+// intrinsics; elsewhere a plain loop that compilers vectorize computes the same sums in the same order. INFER_CUDA
+// (defined by the Meson build when nvcc is found, for the targets linked with infer_cuda.cu) declares the CUDA forward
+// pass of section 5b; without it the header is standard-library-only and --device cuda says so.
 //
-// Limitations (this version): CPU only here (CUDA kernels live in infer_cuda.cu); weights in F32, F16 or BF16 (quantized
+// Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in F32, F16 or BF16 (quantized
 // GGUF types are refused by name); the tokenizer reads BPE tokenizers only (tokenizer.json BPE with the components
 // Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece, Unigram and other components are refused by name.
 //
@@ -4073,6 +4076,25 @@ public:
         return true;
     }
 
+    // How many tokens of `tokens` match_prefix() would find cached, changing nothing: a router asks each instance
+    // this to send a prompt where its prefix already is (chapter 09).
+    int cached_prefix_tokens(std::span<const int> tokens) const {
+        if (!prefix_caching_ || tokens.empty()) return 0;
+        const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
+        uint64_t parent = 0;
+        size_t matched = 0;
+        for (; matched < full_blocks; ++matched) {
+            std::span<const int> ids = tokens.subspan(matched * block_size_, static_cast<size_t>(block_size_));
+            uint64_t hash = hash_block(parent, ids);
+            auto found = by_hash_.find(hash);
+            if (found == by_hash_.end()) break;
+            const Block& block = blocks_[static_cast<size_t>(found->second)];
+            if (block.parent != parent || !std::equal(ids.begin(), ids.end(), block.tokens.begin())) break;
+            parent = hash;
+        }
+        return static_cast<int>(matched) * block_size_;
+    }
+
     // Attaches the cached blocks that hold a prefix of `tokens` to a sequence that holds none yet, and returns how many
     // tokens they cover (a multiple of B). At most tokens.size() - 1 are taken: the last token is always computed
     // again, because the next token's logits come from its forward pass (vLLM does the same).
@@ -4600,6 +4622,137 @@ private:
 };
 
 // =====================================================================================================================
+// 5b. DEVICE — where the forward pass runs: the CPU code above, or the CUDA kernels of infer_cuda.cu (a build with
+//     nvcc defines INFER_CUDA and links them). Both take the same Batch and the same KVCache (it keeps the block tables;
+//     on the GPU the keys and values live in device memory in the same [L, num_blocks, B, Hkv, Dh] layout) and give
+//     the same logits [rows, V] in host memory, so the sampler, scheduler, engine and server do not know which ran.
+//     Decode streams every weight once per step (memory-bound: it should run near the card's copy bandwidth); prefill
+//     is matrix-matrix work (compute-bound: near the tensor-core rate).  (chapter 07)
+// =====================================================================================================================
+
+enum class Device { Cpu, Cuda };
+
+inline const char* device_name(Device device) { return device == Device::Cuda ? "cuda" : "cpu"; }
+
+// "cpu" or "cuda" (as --device takes them).
+inline Device parse_device(std::string_view text) {
+    if (text == "cpu") return Device::Cpu;
+    if (text == "cuda") return Device::Cuda;
+    detail::fail("unknown device '", text, "': expected cpu or cuda");
+}
+
+// Settings of the CUDA forward pass (the CPU ignores them).
+struct CudaOptions {
+    enum class Matmul { Cublas, Tiled };
+    Matmul matmul = Matmul::Cublas;  // products of more than vector_rows rows: cuBLAS (fast) or the readable wmma kernel
+    int vector_rows = 8;             // products of at most this many rows: the matrix-vector kernel, activations in f32
+    int prefill_attention_rows = 16; // runs of at least this many tokens of one sequence: the tiled prefill attention
+    bool graphs = true;              // replay decode steps from CUDA graphs, one per batch-size bucket
+    int device = 0;                  // the CUDA device's ordinal
+};
+
+#ifdef INFER_CUDA
+// Implemented in infer_cuda.cu; declared here so the header stays standard-library-only.
+namespace cuda {
+
+bool device_available(std::string* why = nullptr);  // false (and why) when no CUDA device can be used
+std::string device_description(int device = 0);     // "NVIDIA H200, 132 SMs, 139 GiB, sm_90"
+double measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int repeats = 20);  // bytes/s, read + written
+double measure_bf16_matmul_rate(int n = 8192, int repeats = 20);                  // flop/s of cuBLAS bf16, f32 sums
+
+// The forward pass on the GPU: ForwardPass's interface, weights uploaded once at construction.
+class ForwardPass {
+public:
+    explicit ForwardPass(const Model& model, CudaOptions options = {});
+    ~ForwardPass();
+    ForwardPass(const ForwardPass&) = delete;
+    ForwardPass& operator=(const ForwardPass&) = delete;
+
+    const Model& model() const;
+    // Logits [rows, V] (host memory, valid until the next call) for the tokens whose wants_logits is set.
+    std::span<const float> forward(const Batch& batch, KVCache& cache);
+
+    struct State;  // device buffers, cuBLAS, graphs (infer_cuda.cu)
+
+private:
+    std::unique_ptr<State> state_;
+};
+
+// Each kernel alone on host data, so the tests can hold it against its CPU twin.
+namespace kernels {
+enum class MatmulKernel { Vector, Tiled, Cublas };
+std::vector<float> embedding(const Tensor& table, const std::vector<int>& ids);                        // [T, D]
+// x [T, D] += add (if not empty), returns rms_norm(x) · gain [T, D]
+std::vector<float> add_rms_norm(std::vector<float>& x, const std::vector<float>& add, const Tensor& gain, int D, double eps);
+// x [T, heads, Dh]: per-head norm (if `norm` is not empty), then RoPE with cos/sin [T, Dh/2]
+std::vector<float> rope(const std::vector<float>& x, int heads, int Dh, const Tensor& norm, double eps,
+                        const std::vector<float>& cos, const std::vector<float>& sin, RopeStyle style);
+// k, v [T, width] into pools of `pool_slots` slots; returns the key pool then the value pool, [2, pool_slots, width]
+std::vector<float> write_kv(const std::vector<float>& k, const std::vector<float>& v, const std::vector<int>& slots,
+                            int width, int pool_slots);
+std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, const Tensor* bias, MatmulKernel kernel);
+// q [T, H, Dh] over the keys and values `cache` holds (host) for `layer`: [T, H, Dh]
+std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, int layer, const Batch& batch,
+                             const ModelConfig& config, bool prefill_kernel);
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+}  // namespace kernels
+
+}  // namespace cuda
+#endif
+
+inline bool cuda_compiled() {
+#ifdef INFER_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+// Whether --device cuda can run here; `why` says what is missing when not.
+inline bool cuda_available(std::string* why = nullptr) {
+#ifdef INFER_CUDA
+    return cuda::device_available(why);
+#else
+    if (why) *why = "this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)";
+    return false;
+#endif
+}
+
+// One forward pass on the chosen device: what the Engine holds. The CPU path is the ForwardPass above, untouched (one
+// predictable branch per step); the CUDA one is built only when asked for, and asking without it is an error.
+class DeviceForwardPass {
+public:
+    DeviceForwardPass(const Model& model, ThreadPool& pool, Device device = Device::Cpu, CudaOptions options = {})
+        : cpu_(model, pool), device_(device) {
+        if (device == Device::Cuda) {
+#ifdef INFER_CUDA
+            cuda_ = std::make_unique<cuda::ForwardPass>(model, options);
+#else
+            (void)options;
+            detail::fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");
+#endif
+        }
+    }
+
+    Device device() const { return device_; }
+    const Model& model() const { return cpu_.model(); }
+
+    std::span<const float> forward(const Batch& batch, KVCache& cache) {
+#ifdef INFER_CUDA
+        if (cuda_) return cuda_->forward(batch, cache);
+#endif
+        return cpu_.forward(batch, cache);
+    }
+
+private:
+    ForwardPass cpu_;
+    Device device_;
+#ifdef INFER_CUDA
+    std::unique_ptr<cuda::ForwardPass> cuda_;
+#endif
+};
+
+// =====================================================================================================================
 // 6. SAMPLER — logits to one token id. Penalties first (they change the logits), then temperature: 0 is greedy
 //    (argmax, ties to the lowest id); above 0 the logits are divided by it, then top-k, top-p and min-p trim the
 //    candidates and a seeded generator draws from what is left. Cost: one pass over V, a sort only when top-p needs
@@ -5044,6 +5197,8 @@ struct EngineConfig {
     int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
     size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
     bool prefix_caching = true;
+    Device device = Device::Cpu;   // where the forward pass runs (section 5b); the rest of the engine is the same
+    CudaOptions cuda;              // with Device::Cuda
 };
 
 // What one step did to one request: the ids it produced, the text they completed, and whether it finished.
@@ -5101,7 +5256,7 @@ public:
     // `tokenizer` streams text and encodes string prompts (nullptr: the model's own, when it has one; without one
     // only ids come out, and stop strings are refused).
     Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
-        : model_(model), config_(config), forward_(model, pool), scheduler_(config.scheduler),
+        : model_(model), config_(config), forward_(model, pool, config.device, config.cuda), scheduler_(config.scheduler),
           cache_(model.config, pool_blocks(model.config, config), config.block_size) {
         cache_.set_prefix_caching(config.prefix_caching);
         if (tokenizer) tokenizer_ = *tokenizer;
@@ -5112,6 +5267,8 @@ public:
     }
 
     const KVCache& cache() const { return cache_; }
+    int waiting_count() const { return static_cast<int>(scheduler_.waiting_count()); }  // queued, not yet admitted
+    int running_count() const { return static_cast<int>(scheduler_.running_count()); }  // in the running batch
     const EngineConfig& config() const { return config_; }
     const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
 
@@ -5411,7 +5568,7 @@ private:
 
     const Model& model_;
     EngineConfig config_;
-    ForwardPass forward_;
+    DeviceForwardPass forward_;
     Scheduler scheduler_;
     KVCache cache_;
     std::optional<Tokenizer> tokenizer_;
@@ -5429,8 +5586,9 @@ private:
 
 // The thread-safe front door: a thread that runs step() while there is work, and a submit/cancel that any thread may
 // call. One mutex guards the engine, so a submit waits at most one step; each request's events go to its callback on
-// the loop's thread, outside the lock (a callback may submit or cancel). Simple on purpose: a server would put a queue
-// between the two sides so a slow step never blocks an HTTP thread.
+// the loop's thread, outside the lock (a callback may submit or cancel). Simple on purpose: a submit may wait for the
+// step in progress (the loop lets waiting callers in before its next one); a server that must never wait would put a
+// queue between the two sides. try_submit() and inspect() are the serving layer's: admission and routing (chapter 08).
 class EngineLoop {
 public:
     using Callback = std::function<void(const Event&)>;
@@ -5450,28 +5608,55 @@ public:
     // Queues a request; `on_event` receives its events, the last with finished set. The result stays with the engine
     // until someone calls result(id).
     int submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop, Callback on_event) {
-        std::lock_guard lock(mutex_);
+        auto lock = caller_lock();
         int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
         callbacks_[id] = std::move(on_event);
         wake_.notify_all();
         return id;
     }
     void cancel(int id) {
-        std::lock_guard lock(mutex_);
+        auto lock = caller_lock();
         engine_.cancel(id);
         wake_.notify_all();
     }
+    // submit(), but only if `admit` (asked under the lock, so no other submit slips in between) accepts the engine's
+    // state: a server's admission control. nullopt: refused, nothing queued.
+    std::optional<int> try_submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop,
+                                  Callback on_event, const std::function<bool(const Engine&)>& admit) {
+        auto lock = caller_lock();
+        if (!admit(engine_)) return std::nullopt;
+        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
+        callbacks_[id] = std::move(on_event);
+        wake_.notify_all();
+        return id;
+    }
     std::optional<RequestResult> result(int id) {
-        std::lock_guard lock(mutex_);
+        auto lock = caller_lock();
         return engine_.take_result(id);
+    }
+    // Runs `look` on the engine between steps, for routing and metrics (queue lengths, cache contents, totals).
+    template <class Look>
+    auto inspect(Look&& look) {
+        auto lock = caller_lock();
+        return look(std::as_const(engine_));
     }
     // Blocks until every submitted request has finished.
     void wait_idle() {
-        std::unique_lock lock(mutex_);
+        auto lock = caller_lock();
         idle_.wait(lock, [&] { return !engine_.has_work() && delivering_ == 0; });
     }
 
 private:
+    // The lock for a caller of submit/cancel/result/inspect. std::mutex is not fair: the loop, which takes it again
+    // right after each step, could keep an HTTP thread out for many steps. Callers announce themselves, and the loop
+    // lets them in before its next step.
+    std::unique_lock<std::mutex> caller_lock() {
+        ++callers_;
+        std::unique_lock lock(mutex_);
+        --callers_;
+        return lock;
+    }
+
     void run() {
         std::unique_lock lock(mutex_);
         while (true) {
@@ -5489,6 +5674,7 @@ private:
             lock.unlock();
             for (auto& [callback, event] : deliveries)
                 if (callback) callback(event);
+            while (callers_ > 0) std::this_thread::yield();  // callers first: each waits at most one step
             lock.lock();
             --delivering_;
             if (!engine_.has_work()) idle_.notify_all();
@@ -5500,6 +5686,7 @@ private:
     std::condition_variable wake_, idle_;
     std::unordered_map<int, Callback> callbacks_;
     int delivering_ = 0;
+    std::atomic<int> callers_{0};  // threads waiting for the lock in caller_lock()
     bool stopping_ = false;
     std::thread thread_;  // last: it starts once everything above exists
 };

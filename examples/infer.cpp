@@ -15,6 +15,9 @@
 //                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS]
 //                                               OpenAI Batch lines (/v1/completions, /v1/chat/completions) through
 //                                               the engine (continuous batching) → OpenAI Batch output lines
+//   infer serve [-m PATH] [--port 8080] [--instances N] [--route POLICY] ...   OpenAI-compatible HTTP (serve.cpp)
+//   infer route --port P --upstream URL [--upstream URL ...] [--policy POLICY]  the router as a proxy (route.cpp)
+//   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //
@@ -22,17 +25,24 @@
 #include "../infer.hpp"
 #include "chat_template.hpp"
 #include "command_line.hpp"
+#include "server.hpp"
 
 #include <cstdio>
 #include <iostream>
 #include <unistd.h>
+
+#ifdef INFER_SERVE
+int run_serve(int argc, char** argv);  // serve.cpp: the OpenAI-compatible HTTP server
+int run_route(int argc, char** argv);  // route.cpp: the router as its own process
+#endif
+int run_bench(int argc, char** argv);  // bench.cpp: infer bench serve|engine|roofline
 
 namespace {
 
 const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
-                 [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
+                 [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
   infer detokenize -m PATH                      stdin {"ids": [...]} lines -> {"text": ...} lines
@@ -42,7 +52,16 @@ const char* usage_text = R"(usage:
   infer chat -m PATH [--chat-template FILE_OR_NAME] [--temp T ...as generate]
   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
-                  [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS]
+                  [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda]
+  infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
+              [--max-queue N] [--api-key KEY] [--served-model-name NAME] [engine options as run-batch]
+                                                OpenAI-compatible HTTP server (infer serve --help for all options)
+  infer route --port P --upstream URL [--upstream URL ...] [--policy round-robin|least-loaded|prefix]
+                                                the router as a proxy in front of several infer serve processes
+  infer bench serve --url URL [--rate R|inf|R1,R2,..] [--concurrency C] [--num-prompts N] [--slo ttft:MS,tpot:MS]
+                    [--json FILE] [--svg DIR] ...   load generator, serving metrics as vLLM's (infer bench --help)
+  infer bench engine -m PATH [--batch 1,4,16] [--input-len I] [--output-len O]     the engine in process, no HTTP
+  infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
 
@@ -113,6 +132,45 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     return params;
 }
 
+// generate --device cuda: the same request through an Engine whose forward pass runs on the GPU (generate_from_ids
+// holds a CPU ForwardPass; the Engine takes the device choice). Times: prefill is the first step, decode the rest.
+infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
+                                         const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream) {
+    infer::EngineConfig config;
+    config.device = infer::Device::Cuda;
+    config.scheduler.max_seqs = 1;
+    config.num_blocks = (model.config.context_length + config.block_size - 1) / config.block_size;
+    infer::Engine engine(model, pool, config);
+    int id;
+    if (options.has("--prompt-ids")) {
+        id = engine.add_request(parse_ids("--prompt-ids", options.text("--prompt-ids")), params);
+    } else {
+        std::string prompt = options.text("-p");
+        if (!options.has("--ids")) std::cout << prompt << std::flush;
+        id = engine.add_request(prompt, params);
+    }
+    infer::GenerationResult result;
+    infer::Stopwatch clock;
+    bool first = true;
+    while (engine.has_work()) {
+        for (const infer::Event& event : engine.step()) {
+            if (event.error.size()) infer::detail::fail(event.error);
+            stream(event.text);
+        }
+        (first ? result.times.prefill : result.times.decode) += clock.seconds();
+        clock.restart();
+        first = false;
+    }
+    std::optional<infer::RequestResult> done = engine.take_result(id);
+    if (!done) infer::detail::fail("generate --device cuda: the request did not finish");
+    result.prompt_ids = done->prompt_ids;
+    result.generated_ids = done->generated_ids;
+    result.text = done->text;
+    result.finish_reason = done->finish_reason;
+    result.seed = done->seed;
+    return result;
+}
+
 int run_generate(const CommandLine& options) {
     infer::LayerTimes load_times;
     infer::Model model;
@@ -133,7 +191,9 @@ int run_generate(const CommandLine& options) {
         if (!ids_only) std::cout << text << std::flush;
     };
     infer::GenerationResult result;
-    if (options.has("--prompt-ids")) {
+    if (infer::parse_device(options.text("--device", "cpu")) == infer::Device::Cuda) {
+        result = generate_on_cuda(model, pool, options, params, stream);
+    } else if (options.has("--prompt-ids")) {
         result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream);
     } else {
         std::string prompt = options.text("-p");
@@ -273,28 +333,10 @@ int run_detokenize(const CommandLine& options) {
 
 // The template to render with: --chat-template (a built-in name or a file), else the tokenizer's own.
 std::string chat_template_source(const CommandLine& options, const infer::Tokenizer& tokenizer) {
-    if (options.has("--chat-template")) {
-        std::string choice = options.text("--chat-template");
-        if (const char* builtin = chat::builtin_template(choice)) return builtin;
-        if (!std::filesystem::is_regular_file(choice))
-            infer::detail::fail("--chat-template ", choice,
-                                ": neither a built-in template (chatml, llama3, llama2) nor a readable file");
-        return infer::read_text_file(choice);
-    }
-    if (tokenizer.chat_template().empty())
-        infer::detail::fail(tokenizer.source(), " has no chat template (no chat_template in its tokenizer_config.json or "
-                            "GGUF metadata); choose one with --chat-template chatml|llama3|llama2|FILE");
-    return tokenizer.chat_template();
+    return serve::chat_template_source(options.text("--chat-template"), tokenizer);
 }
 
-// The variables transformers passes besides the messages: the special tokens the tokenizer defines (an unset one is
-// left out, so `bos_token is defined` stays false for a model without one).
-infer::Json template_variables(const infer::Tokenizer& tokenizer) {
-    infer::Json::Object variables;
-    if (!tokenizer.bos_token().empty()) variables.emplace_back("bos_token", infer::Json(tokenizer.bos_token()));
-    if (!tokenizer.eos_token().empty()) variables.emplace_back("eos_token", infer::Json(tokenizer.eos_token()));
-    return infer::Json(std::move(variables));
-}
+using serve::template_variables;
 
 int run_render_chat(const CommandLine& options) {
     infer::Tokenizer tokenizer = open_tokenizer(options);
@@ -356,83 +398,28 @@ int run_chat(const CommandLine& options) {
 // becomes one engine request; all run together (continuous batching) and each gets an output line, in input order,
 // as vLLM's run-batch writes them. A line that cannot run gets an error line; the others go on.
 
+// One input line: the request (parsed by server.hpp, as `infer serve` parses an HTTP body) or why it cannot run.
 struct BatchRequest {
     std::string custom_id;
-    bool chat = false;
-    std::string model;
-    std::vector<int> prompt;
-    infer::SamplingParams params;
-    std::vector<std::string> stop;
+    serve::CompletionRequest request;
     int engine_id = -1;
     std::string error;  // set: this line gets an error line
 };
 
-// A number field of the body, or `fallback` when absent or null.
-double body_number(const infer::Json& body, const char* name, double fallback) {
-    const infer::Json* value = body.find(name);
-    if (!value || value->is_null()) return fallback;
-    if (!value->is_number()) infer::detail::fail("body field \"", name, "\" must be a number");
-    return value->as_number();
-}
-
-BatchRequest parse_batch_line(const infer::Json& line, const infer::Model& model, const infer::Tokenizer* tokenizer,
-                              const std::function<std::string(const infer::Json&)>& render_chat) {
+BatchRequest parse_batch_line(const infer::Json& line, const serve::RequestContext& context) {
     BatchRequest r;
     if (const infer::Json* id = line.find("custom_id"); id && id->is_string()) r.custom_id = id->as_string();
     const infer::Json* method = line.find("method");
     if (method && (!method->is_string() || method->as_string() != "POST")) infer::detail::fail("\"method\" must be \"POST\"");
     const infer::Json* url = line.find("url");
     if (!url || !url->is_string()) infer::detail::fail("each line needs a string field \"url\"");
-    if (url->as_string() == "/v1/chat/completions") r.chat = true;
-    else if (url->as_string() != "/v1/completions")
+    const bool chat = url->as_string() == "/v1/chat/completions";
+    if (!chat && url->as_string() != "/v1/completions")
         infer::detail::fail("url \"", url->as_string(), "\" is not supported (/v1/completions or /v1/chat/completions)");
     const infer::Json* body = line.find("body");
     if (!body || !body->is_object()) infer::detail::fail("each line needs an object field \"body\"");
-    if (const infer::Json* m = body->find("model"); m && m->is_string()) r.model = m->as_string();
-    if (body_number(*body, "n", 1) != 1) infer::detail::fail("body field \"n\": only 1 choice per request is supported");
-
-    if (r.chat) {
-        const infer::Json* messages = body->find("messages");
-        if (!messages || !messages->is_array()) infer::detail::fail("a chat request's body needs an array field \"messages\"");
-        if (!tokenizer) infer::detail::fail(model.source, " has no tokenizer to render chat messages with");
-        r.prompt = tokenizer->encode(render_chat(*messages), false);  // the template writes the special tokens
-    } else {
-        const infer::Json* prompt = body->find("prompt");
-        if (!prompt) infer::detail::fail("a completion request's body needs a field \"prompt\"");
-        if (prompt->is_string()) {
-            if (!tokenizer) infer::detail::fail(model.source, " has no tokenizer: give \"prompt\" as an array of token ids");
-            r.prompt = tokenizer->encode(prompt->as_string());
-        } else if (prompt->is_array() && (prompt->as_array().empty() || prompt->as_array()[0].is_number())) {
-            for (const infer::Json& id : prompt->as_array()) r.prompt.push_back(static_cast<int>(id.as_int()));
-        } else {
-            infer::detail::fail("\"prompt\" must be a string or an array of token ids (one prompt per line)");
-        }
-    }
-
-    // OpenAI's defaults: temperature 1, top_p 1, 16 tokens for a completion; a chat reply may fill the context.
-    infer::SamplingParams& p = r.params;
-    p.temperature = static_cast<float>(body_number(*body, "temperature", 1.0));
-    p.top_p = static_cast<float>(body_number(*body, "top_p", 1.0));
-    double top_k = body_number(*body, "top_k", 0);
-    p.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // vLLM's -1 means off, as 0 does here
-    p.min_p = static_cast<float>(body_number(*body, "min_p", 0.0));
-    p.presence_penalty = static_cast<float>(body_number(*body, "presence_penalty", 0.0));
-    p.frequency_penalty = static_cast<float>(body_number(*body, "frequency_penalty", 0.0));
-    p.repetition_penalty = static_cast<float>(body_number(*body, "repetition_penalty", 1.0));
-    if (const infer::Json* seed = body->find("seed"); seed && !seed->is_null()) p.seed = static_cast<uint64_t>(seed->as_int());
-    if (const infer::Json* ignore = body->find("ignore_eos"); ignore && ignore->is_bool()) p.ignore_eos = ignore->as_bool();
-    const int room = std::max(0, model.config.context_length - static_cast<int>(r.prompt.size()));
-    double max_tokens = body_number(*body, "max_completion_tokens", body_number(*body, "max_tokens", r.chat ? room : 16));
-    if (max_tokens < 0 || max_tokens > std::numeric_limits<int>::max() || max_tokens != std::floor(max_tokens))
-        infer::detail::fail("body field \"max_tokens\" must be a whole number >= 0, found ", max_tokens);
-    p.max_tokens = static_cast<int>(max_tokens);
-    if (const infer::Json* stop = body->find("stop"); stop && !stop->is_null()) {
-        if (stop->is_string()) r.stop.push_back(stop->as_string());
-        else if (stop->is_array())
-            for (const infer::Json& s : stop->as_array()) r.stop.push_back(s.as_string());
-        else infer::detail::fail("body field \"stop\" must be a string or an array of strings");
-    }
-    p.validate();
+    r.request = serve::parse_request(*body, chat, context);
+    if (r.request.stream) infer::detail::fail("body field \"stream\": a batch line cannot stream");
     return r;
 }
 
@@ -448,24 +435,10 @@ void write_batch_result(std::ostream& out, int index, const BatchRequest& r, con
                         const std::string& model_name, long long created) {
     out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
     infer::detail::write_json_string(out, r.custom_id);
-    out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":{\"id\":\""
-        << (r.chat ? "chatcmpl-" : "cmpl-") << index << "\",\"object\":\"" << (r.chat ? "chat.completion" : "text_completion")
-        << "\",\"created\":" << created << ",\"model\":";
-    infer::detail::write_json_string(out, r.model.empty() ? model_name : r.model);
-    out << ",\"choices\":[{\"index\":0,";
-    if (r.chat) {
-        out << "\"message\":{\"role\":\"assistant\",\"content\":";
-        infer::detail::write_json_string(out, result.text);
-        out << "},\"logprobs\":null";
-    } else {
-        out << "\"text\":";
-        infer::detail::write_json_string(out, result.text);
-        out << ",\"logprobs\":null";
-    }
-    const size_t prompt = result.prompt_ids.size(), completion = result.generated_ids.size();
-    out << ",\"finish_reason\":\"" << result.finish_reason << "\"}],\"usage\":{\"prompt_tokens\":" << prompt
-        << ",\"completion_tokens\":" << completion << ",\"total_tokens\":" << prompt + completion
-        << ",\"prompt_tokens_details\":{\"cached_tokens\":" << result.cached_tokens << "}}}},\"error\":null}\n";
+    serve::ResponseHead head{(r.request.chat ? "chatcmpl-" : "cmpl-") + std::to_string(index), created,
+                             r.request.model.empty() ? model_name : r.request.model, r.request.chat};
+    out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":"
+        << serve::completion_body(head, result) << "},\"error\":null}\n";
 }
 
 int run_batch(const CommandLine& options) {
@@ -486,6 +459,7 @@ int run_batch(const CommandLine& options) {
     config.num_blocks = static_cast<int>(options.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
     config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
     config.prefix_caching = !options.has("--no-prefix-cache");
+    config.device = infer::parse_device(options.text("--device", "cpu"));
     infer::ThreadPool pool(thread_count(options));
     infer::Engine engine(model, pool, config, tokenizer ? &*tokenizer : nullptr);
 
@@ -508,14 +482,15 @@ int run_batch(const CommandLine& options) {
             infer::Json json = infer::Json::parse(line, "line " + std::to_string(line_number));
             if (const infer::Json* id = json.find("custom_id"); id && id->is_string()) request.custom_id = id->as_string();
             try {
-                request = parse_batch_line(json, model, tokenizer ? &*tokenizer : nullptr, render_chat);
+                request = parse_batch_line(json, {&model, tokenizer ? &*tokenizer : nullptr, render_chat});
             } catch (const infer::Error& e) {
                 request.error = "line " + std::to_string(line_number) + ": " + e.what();
             }
         } catch (const infer::Error& e) {  // the parser's message names the line and byte
             request.error = e.what();
         }
-        if (request.error.empty()) request.engine_id = engine.add_request(request.prompt, request.params, request.stop);
+        if (request.error.empty())
+            request.engine_id = engine.add_request(request.request.prompt, request.request.params, request.request.stop);
         requests.push_back(std::move(request));
     }
 
@@ -623,7 +598,7 @@ int main(int argc, char** argv) {
             return run_generate(CommandLine(argc, argv, 2,
                                         {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-                                         "--tokenizer", "--prompt-ids"},
+                                         "--tokenizer", "--prompt-ids", "--device"},
                                         {"--ignore-eos", "--ids"}, usage_text));
         if (command == "tokenize")
             return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
@@ -642,8 +617,18 @@ int main(int argc, char** argv) {
         if (command == "run-batch")
             return run_batch(CommandLine(argc, argv, 2,
                                          {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
-                                          "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template"},
+                                          "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template",
+                                          "--device"},
                                          {"--no-prefix-cache"}, usage_text));
+        if (command == "serve" || command == "route") {
+#ifdef INFER_SERVE
+            return command == "serve" ? run_serve(argc, argv) : run_route(argc, argv);
+#else
+            infer::detail::fail("infer ", command, " is not built: it needs cpp-httplib and nlohmann-json "
+                                "(Debian: apt-get install libcpp-httplib-dev nlohmann-json3-dev), then meson setup --reconfigure");
+#endif
+        }
+        if (command == "bench") return run_bench(argc, argv);
         if (command == "make-model")
             return run_make_model(CommandLine(argc, argv, 2,
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
