@@ -4770,6 +4770,7 @@ struct SamplingParams {
     std::optional<uint64_t> seed;     // unset: a random seed (reported so the run can be repeated)
     int max_tokens = 256;
     bool ignore_eos = false;
+    int logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the k likeliest (OpenAI, vLLM)
 
     // Rejects values no sampler can honour, naming the parameter.
     void validate() const {
@@ -4785,8 +4786,37 @@ struct SamplingParams {
         if (!(presence_penalty >= -2 && presence_penalty <= 2)) bad("presence_penalty", presence_penalty, "must be in [-2, 2]");
         if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) bad("frequency_penalty", frequency_penalty, "must be in [-2, 2]");
         if (max_tokens < 0) bad("max_tokens", max_tokens, "must be >= 0");
+        if (logprobs < -1 || logprobs > max_logprobs) bad("logprobs", logprobs, "must be in [0, 20] (-1 turns it off)");
     }
+    static constexpr int max_logprobs = 20;
 };
+
+// A sampled token's log-probability under the model's own distribution (log-softmax of the raw logits, before
+// penalties, temperature and truncation, as vLLM reports by default), and the `top` likeliest ids with theirs.
+struct TokenLogprob {
+    int id = 0;
+    float logprob = 0;
+    std::vector<std::pair<int, float>> top;  // likeliest first
+};
+
+inline TokenLogprob token_logprob(std::span<const float> logits, int id, int top) {
+    double max = -std::numeric_limits<double>::infinity();
+    for (float l : logits) max = std::max(max, static_cast<double>(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+    const double log_total = max + std::log(sum);
+    TokenLogprob result;
+    result.id = id;
+    result.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
+    std::vector<int> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int a, int b) {
+        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) result.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_total));
+    return result;
+}
 
 class Sampler {
 public:
@@ -5205,6 +5235,7 @@ struct EngineConfig {
 struct Event {
     int request_id = 0;
     std::vector<int> token_ids;  // new ids (a stop id is not among them)
+    std::vector<TokenLogprob> logprobs;  // one per id in token_ids, when the request asked for them
     std::string text;            // new text (held-back text comes later, or never if it turns out to be a stop string)
     bool finished = false;
     std::string finish_reason;   // when finished: "stop", "length", "cancelled" or "error"
@@ -5230,6 +5261,7 @@ struct RequestTimes {
 struct RequestResult {
     int id = 0;
     std::vector<int> prompt_ids, generated_ids;
+    std::vector<TokenLogprob> logprobs;  // one per generated id, when the request asked for them
     std::string text;            // the output text, ending before a matched stop string
     std::string finish_reason;   // "stop", "length", "cancelled" or "error"
     std::string error;
@@ -5481,11 +5513,13 @@ private:
         r.sampler->accept(next);
         r.seq.tokens.push_back(next);
         r.result.generated_ids.push_back(next);
+        if (r.params.logprobs >= 0) r.result.logprobs.push_back(token_logprob(row, next, r.params.logprobs));
         r.times.token_times.push_back(t);
         if (r.times.first_token < 0) r.times.first_token = t;
         Event event;
         event.request_id = r.seq.id;
         event.token_ids = {next};
+        if (r.params.logprobs >= 0) event.logprobs = {r.result.logprobs.back()};
         bool stopped = false;
         if (r.stream) {
             clock.restart();

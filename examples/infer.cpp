@@ -432,13 +432,13 @@ void write_batch_error(std::ostream& out, int index, const std::string& custom_i
 }
 
 void write_batch_result(std::ostream& out, int index, const BatchRequest& r, const infer::RequestResult& result,
-                        const std::string& model_name, long long created) {
+                        const std::string& model_name, long long created, const infer::Tokenizer* tokenizer) {
     out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
     infer::detail::write_json_string(out, r.custom_id);
     serve::ResponseHead head{(r.request.chat ? "chatcmpl-" : "cmpl-") + std::to_string(index), created,
-                             r.request.model.empty() ? model_name : r.request.model, r.request.chat};
+                             r.request.model.empty() ? model_name : r.request.model, r.request.chat, tokenizer};
     out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":"
-        << serve::completion_body(head, result) << "},\"error\":null}\n";
+        << serve::completion_body(head, result, nullptr, r.request.params.logprobs >= 0) << "},\"error\":null}\n";
 }
 
 int run_batch(const CommandLine& options) {
@@ -534,7 +534,7 @@ int run_batch(const CommandLine& options) {
             ++failed;
             continue;
         }
-        write_batch_result(out, index, r, result, model_name, created);
+        write_batch_result(out, index, r, result, model_name, created, tokenizer ? &*tokenizer : nullptr);
         prompt_tokens += result.prompt_ids.size();
         generated += result.generated_ids.size();
     }

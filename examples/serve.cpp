@@ -292,8 +292,9 @@ private:
         auto stream = std::make_shared<Stream>();
         stream->head = ResponseHead{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(chosen) + "-" + std::to_string(*id) + "-" +
                                         std::to_string(next_response_++),
-                                    unix_time(), r.model.empty() ? served_name_ : r.model, chat};
+                                    unix_time(), r.model.empty() ? served_name_ : r.model, chat, context_.tokenizer};
         stream->streaming = r.stream;
+        stream->logprobs = r.params.logprobs >= 0;
         stream->include_usage = r.include_usage;
         stream->timing = timing;
         stream->arrival = arrival;
@@ -315,6 +316,8 @@ private:
     struct Stream {
         ResponseHead head;
         bool streaming = false, include_usage = false, role_sent = false, waiting = true, done = false, cancelled = false;
+        bool logprobs = false;    // the request asked for log-probabilities
+        size_t text_offset = 0;   // bytes of token text streamed so far (completions' logprobs.text_offset)
         Timing timing;
         std::shared_ptr<infer::Stopwatch> arrival;
         double finish_seen = -1;  // arrival-clock seconds when the HTTP thread took the finishing event
@@ -353,7 +356,9 @@ private:
                 s.instance->waiting_tokens -= s.prompt_tokens;
             }
             if (!event.finished) {
-                if (s.streaming && !event.text.empty() && !send_chunk(s, sink, event.text, "")) return cancel(s);
+                if (s.streaming && (!event.text.empty() || (s.logprobs && !event.logprobs.empty())) &&
+                    !send_chunk(s, sink, event, ""))
+                    return cancel(s);
                 continue;
             }
             s.finish_seen = s.arrival->seconds();
@@ -368,9 +373,11 @@ private:
         return true;
     }
 
-    bool send_chunk(Stream& s, httplib::DataSink& sink, std::string_view text, std::string_view finish_reason,
+    bool send_chunk(Stream& s, httplib::DataSink& sink, const infer::Event& event, std::string_view finish_reason,
                     const Timing* timing = nullptr) {
-        std::string chunk = chunk_body(s.head, text, s.head.chat && !s.role_sent, finish_reason, s.include_usage);
+        const std::string logprobs = logprobs_json(s.head, event.logprobs, s.logprobs, s.text_offset);
+        for (const infer::TokenLogprob& lp : event.logprobs) s.text_offset += token_string(s.head, lp.id).size();
+        std::string chunk = chunk_body(s.head, event.text, s.head.chat && !s.role_sent, finish_reason, s.include_usage, logprobs);
         s.role_sent = true;
         if (timing) chunk = with_timing(chunk, *timing);
         std::string data = sse(chunk);
@@ -391,7 +398,7 @@ private:
                 std::string data = sse(error_body(500, result.error));
                 ok = sink.write(data.data(), data.size());
             } else {
-                ok = send_chunk(s, sink, event.text, reason, s.include_usage ? nullptr : &t);
+                ok = send_chunk(s, sink, event, reason, s.include_usage ? nullptr : &t);
                 if (ok && s.include_usage) {
                     std::string data = sse(with_timing(usage_chunk_body(s.head, result), t));
                     ok = sink.write(data.data(), data.size());
@@ -399,7 +406,7 @@ private:
             }
             if (ok) ok = sink.write("data: [DONE]\n\n", 14);
         } else {
-            std::string body = result.finish_reason == "error" ? error_body(500, result.error) : completion_body(s.head, result, &t);
+            std::string body = result.finish_reason == "error" ? error_body(500, result.error) : completion_body(s.head, result, &t, s.logprobs);
             ok = sink.write(body.data(), body.size());
         }
         if (ok) sink.done();

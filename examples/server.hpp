@@ -142,11 +142,18 @@ inline CompletionRequest parse_request(const infer::Json& body, bool chat, const
         r.model = m->as_string();
     }
     if (detail::number(body, "n", 1) != 1) bad("n", "body field \"n\": only 1 choice per request is supported");
-    if (const infer::Json* lp = body.find("logprobs"); lp && !lp->is_null() && !(lp->is_bool() && !lp->as_bool()) &&
-                                                       !(lp->is_number() && lp->as_number() == 0))
-        bad("logprobs", "body field \"logprobs\": log probabilities are not supported by this server");
-    if (detail::number(body, "top_logprobs", 0) != 0)
-        bad("top_logprobs", "body field \"top_logprobs\": log probabilities are not supported by this server");
+    // Log-probabilities: completions take "logprobs": k (the sampled token and the k likeliest); chat takes
+    // "logprobs": true with "top_logprobs": k, as OpenAI's two APIs spell it.
+    const int most = infer::SamplingParams::max_logprobs;
+    if (chat) {
+        const bool wanted = detail::flag(body, "logprobs", false);
+        const double top = detail::number(body, "top_logprobs", -1);
+        if (top >= 0 && !wanted) bad("top_logprobs", "body field \"top_logprobs\" needs \"logprobs\": true");
+        if (wanted) r.params.logprobs = top < 0 ? 0 : detail::whole(top, "top_logprobs", 0, most);
+    } else if (const infer::Json* lp = body.find("logprobs"); lp && !lp->is_null()) {
+        if (!lp->is_number()) bad("logprobs", "body field \"logprobs\" must be a whole number of alternatives (0 to 20)");
+        r.params.logprobs = detail::whole(lp->as_number(), "logprobs", 0, most);
+    }
     r.stream = detail::flag(body, "stream", false);
     if (const infer::Json* options = body.find("stream_options"); options && !options->is_null()) {
         if (!options->is_object()) bad("stream_options", "body field \"stream_options\" must be an object");
@@ -286,7 +293,63 @@ struct ResponseHead {
     long long created = 0;
     std::string model;
     bool chat = false;
+    const infer::Tokenizer* tokenizer = nullptr;  // spells tokens in "logprobs" ("token_id:N" without one, as vLLM)
 };
+
+inline std::string token_string(const ResponseHead& head, int id) {
+    return head.tokenizer ? head.tokenizer->decode(std::vector<int>{id}) : "token_id:" + std::to_string(id);
+}
+
+inline std::string byte_list(std::string_view text) {
+    std::string out = "[";
+    for (size_t i = 0; i < text.size(); ++i) out += (i ? "," : "") + std::to_string(static_cast<unsigned char>(text[i]));
+    return out + "]";
+}
+
+// The "logprobs" field of a choice: null when not asked for. Chat: {"content": [{token, logprob, bytes,
+// top_logprobs: [...]}]}. Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}, whose
+// top entries also hold the sampled token (vLLM's "up to logprobs + 1"). `offset`: where this chunk's text starts.
+inline std::string logprobs_json(const ResponseHead& head, std::span<const infer::TokenLogprob> logprobs, bool asked,
+                                 size_t offset = 0) {
+    if (!asked) return "null";
+    auto number = [](float value) { return infer::detail::concat(value); };
+    if (head.chat) {
+        std::string out = "{\"content\":[";
+        for (size_t i = 0; i < logprobs.size(); ++i) {
+            const infer::TokenLogprob& lp = logprobs[i];
+            const std::string token = token_string(head, lp.id);
+            out += std::string(i ? "," : "") + "{\"token\":" + json_string(token) + ",\"logprob\":" + number(lp.logprob) +
+                   ",\"bytes\":" + byte_list(token) + ",\"top_logprobs\":[";
+            for (size_t k = 0; k < lp.top.size(); ++k) {
+                const std::string alternative = token_string(head, lp.top[k].first);
+                out += std::string(k ? "," : "") + "{\"token\":" + json_string(alternative) + ",\"logprob\":" +
+                       number(lp.top[k].second) + ",\"bytes\":" + byte_list(alternative) + "}";
+            }
+            out += "]}";
+        }
+        return out + "]}";
+    }
+    std::string tokens = "[", values = "[", tops = "[", offsets = "[";
+    for (size_t i = 0; i < logprobs.size(); ++i) {
+        const infer::TokenLogprob& lp = logprobs[i];
+        const std::string token = token_string(head, lp.id);
+        const char* comma = i ? "," : "";
+        tokens += comma + json_string(token);
+        values += comma + number(lp.logprob);
+        offsets += comma + std::to_string(offset);
+        offset += token.size();
+        std::string top = "{";
+        bool sampled_listed = false;
+        for (const auto& [id, value] : lp.top) {
+            top += (top.size() > 1 ? "," : "") + json_string(token_string(head, id)) + ":" + number(value);
+            sampled_listed = sampled_listed || id == lp.id;
+        }
+        if (!sampled_listed) top += (top.size() > 1 ? "," : "") + json_string(token) + ":" + number(lp.logprob);
+        tops += comma + top + "}";
+    }
+    return "{\"tokens\":" + tokens + "],\"token_logprobs\":" + values + "],\"top_logprobs\":" + tops +
+           "],\"text_offset\":" + offsets + "]}";
+}
 
 inline std::string usage_json(const infer::RequestResult& result) {
     const size_t prompt = result.prompt_ids.size(), completion = result.generated_ids.size();
@@ -301,10 +364,12 @@ inline std::string head_json(const ResponseHead& head, const char* object) {
 }
 
 // The whole non-streaming body: one choice, its finish_reason and the usage (plus "infer_timing" when given).
-inline std::string completion_body(const ResponseHead& head, const infer::RequestResult& result, const Timing* timing = nullptr) {
+inline std::string completion_body(const ResponseHead& head, const infer::RequestResult& result, const Timing* timing = nullptr,
+                                   bool logprobs = false) {
     std::string out = "{" + head_json(head, head.chat ? "chat.completion" : "text_completion") + ",\"choices\":[{\"index\":0,";
-    if (head.chat) out += "\"message\":{\"role\":\"assistant\",\"content\":" + json_string(result.text) + "},\"logprobs\":null";
-    else out += "\"text\":" + json_string(result.text) + ",\"logprobs\":null";
+    if (head.chat) out += "\"message\":{\"role\":\"assistant\",\"content\":" + json_string(result.text) + "}";
+    else out += "\"text\":" + json_string(result.text);
+    out += ",\"logprobs\":" + logprobs_json(head, result.logprobs, logprobs);
     out += ",\"finish_reason\":\"" + result.finish_reason + "\"}],\"usage\":" + usage_json(result);
     if (timing) out += ",\"infer_timing\":" + timing_json(*timing);
     return out + "}";
@@ -313,11 +378,11 @@ inline std::string completion_body(const ResponseHead& head, const infer::Reques
 // One streamed chunk: `text` as the choice's delta (chat) or text (completions). `role` adds the assistant role (the
 // first chat chunk); `finish_reason` ends the choice. With include_usage every chunk carries "usage": null, as OpenAI's.
 inline std::string chunk_body(const ResponseHead& head, std::string_view text, bool role, std::string_view finish_reason,
-                              bool include_usage) {
+                              bool include_usage, std::string_view logprobs = "null") {
     std::string out = "{" + head_json(head, head.chat ? "chat.completion.chunk" : "text_completion") + ",\"choices\":[{\"index\":0,";
     if (head.chat) out += std::string("\"delta\":{") + (role ? "\"role\":\"assistant\"," : "") + "\"content\":" + json_string(text) + "}";
     else out += "\"text\":" + json_string(text);
-    out += ",\"logprobs\":null,\"finish_reason\":" + (finish_reason.empty() ? std::string("null") : json_string(finish_reason)) + "}]";
+    out += ",\"logprobs\":" + std::string(logprobs) + ",\"finish_reason\":" + (finish_reason.empty() ? std::string("null") : json_string(finish_reason)) + "}]";
     if (include_usage) out += ",\"usage\":null";
     return out + "}";
 }

@@ -443,3 +443,52 @@ TEST_CASE("infer run-batch: OpenAI Batch lines in, one output line each, in orde
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("infer run-batch needs -o") != std::string::npos);
 }
+
+TEST_CASE("logprobs: the sampled token's log-probability and the likeliest alternatives, from llama.cpp's logits") {
+    REQUIRE_SHARED_OR_SKIP();
+    const auto folder = test::shared_dir() / "models/stories260K/public";
+    const std::vector<int> ids = test::ids_of(test::read_json(folder / "logits_lily_and_ben_64.json").at("token_ids"));
+    const std::vector<float> reference = test::read_floats(folder / "logits_lily_and_ben_64.f32");
+    const size_t V = 512, last = ids.size() - 1;
+    // The reference distribution at the last position, in double.
+    std::vector<double> expected(V);
+    double max = -1e30, sum = 0;
+    for (size_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(reference[last * V + v]));
+    for (size_t v = 0; v < V; ++v) sum += std::exp(reference[last * V + v] - max);
+    for (size_t v = 0; v < V; ++v) expected[v] = reference[last * V + v] - max - std::log(sum);
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return expected[a] > expected[b]; });
+
+    infer::ThreadPool pool(2);
+    infer::Engine engine(stories(), pool, config(512, 16));
+    infer::SamplingParams params = greedy(1);
+    params.ignore_eos = true;
+    params.logprobs = 5;
+    int id = engine.add_request(ids, params);
+    std::vector<infer::Event> events;
+    while (engine.has_work())
+        for (const infer::Event& e : engine.step()) events.push_back(e);
+    REQUIRE(events.size() == 1);
+    REQUIRE(events[0].logprobs.size() == 1);
+    const infer::RequestResult result = *engine.take_result(id);
+    REQUIRE(result.logprobs.size() == 1);
+    const infer::TokenLogprob& lp = result.logprobs[0];
+    CHECK(lp.id == order[0]);  // greedy took the likeliest token
+    CHECK(std::abs(lp.logprob - expected[order[0]]) < 1e-3);
+    REQUIRE(lp.top.size() == 5);
+    for (size_t i = 0; i < 5; ++i) {
+        CHECK(lp.top[i].first == order[i]);
+        CHECK(std::abs(lp.top[i].second - expected[order[i]]) < 1e-3);
+    }
+    CHECK(events[0].logprobs[0].logprob == lp.logprob);
+
+    // Out of range: refused with the parameter named.
+    params.logprobs = 21;
+    int bad = engine.add_request(ids, params);
+    infer::Event refused;
+    while (engine.has_work())
+        for (const infer::Event& e : engine.step()) refused = e;
+    CHECK(refused.request_id == bad);
+    CHECK(refused.error.find("logprobs") != std::string::npos);
+}

@@ -250,7 +250,13 @@ TEST_CASE("parse_request: OpenAI bodies to engine requests, bad fields named") {
     CHECK(error_of(R"({"prompt": "Hi", "max_tokens": 1.5})").first == "max_tokens");
     CHECK(error_of(R"({"prompt": "Hi", "n": 2})").first == "n");
     CHECK(error_of(R"({"prompt": "Hi", "stop": [1]})").first == "stop");
-    CHECK(error_of(R"({"prompt": "Hi", "logprobs": 2})").first == "logprobs");
+    CHECK(parse(R"({"prompt": "Hi", "logprobs": 2})").params.logprobs == 2);
+    CHECK(parse(R"({"prompt": "Hi"})").params.logprobs == -1);
+    CHECK(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 3})", true).params.logprobs == 3);
+    CHECK(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true})", true).params.logprobs == 0);
+    CHECK(error_of(R"({"prompt": "Hi", "logprobs": 21})").first == "logprobs");
+    CHECK(error_of(R"({"prompt": "Hi", "logprobs": true})").first == "logprobs");
+    CHECK(error_of(R"({"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2})", true).first == "top_logprobs");
     CHECK(error_of(R"({"prompt": [1, 999]})").first == "prompt");
     CHECK(error_of(R"({"max_tokens": 3})").second == "a completion request's body needs a field \"prompt\"");
     CHECK(error_of(R"({"prompt": "Hi", "stream_options": {"include_usage": true}})").first == "stream_options");
@@ -385,6 +391,59 @@ TEST_CASE("infer serve: every endpoint, streaming and not, answers as OpenAI's")
     CHECK(metric(samples, "infer:kv_cache_used_blocks{instance=\"0\"}") == 0);
     CHECK(metric(samples, "infer:prefix_cache_hits_total{instance=\"0\"}") > 0);  // the same prompt came back
     CHECK(server.stop() == 0);
+}
+
+TEST_CASE("infer serve: logprobs as OpenAI's completions and chat APIs shape them, streamed and not") {
+    Server server;
+    const int port = server.port();
+    // The engine's own figures for the same greedy request (test_engine checks them against llama.cpp's logits).
+    static infer::Model model = infer::demo_model();
+    infer::ThreadPool pool(1);
+    infer::Engine engine(model, pool);
+    infer::SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = 6;
+    params.logprobs = 3;
+    int id = engine.add_request("Once upon a time", params);
+    while (engine.has_work()) engine.step();
+    const std::vector<infer::TokenLogprob> expected = engine.take_result(id)->logprobs;
+    REQUIRE(expected.size() == 6);
+
+    auto plain = post(port, "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 3})");
+    REQUIRE(plain);
+    REQUIRE(plain->status == 200);
+    json lp = json::parse(plain->body)["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"].size() == 6);
+    REQUIRE(lp["token_logprobs"].size() == 6);
+    REQUIRE(lp["top_logprobs"].size() == 6);
+    REQUIRE(lp["text_offset"].size() == 6);
+    CHECK(lp["text_offset"][0] == 0);
+    for (size_t i = 0; i < 6; ++i) {
+        CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(expected[i].logprob).epsilon(1e-5));
+        CHECK(lp["top_logprobs"][i].size() >= 3);  // the 3 likeliest (greedy: the sampled one is among them)
+    }
+    CHECK(json::parse(post(port, "/v1/completions", R"({"prompt": "Hi", "max_tokens": 2})")->body)["choices"][0]["logprobs"].is_null());
+
+    Streamed chat = stream(port, "/v1/chat/completions",
+                           R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": true,
+                               "stream": true, "logprobs": true, "top_logprobs": 2})");
+    CHECK(chat.status == 200);
+    size_t entries = 0;
+    for (const std::string& event : chat.events) {
+        if (event == "[DONE]") continue;
+        json chunk = json::parse(event);
+        if (chunk["choices"].empty()) continue;
+        const json& logprobs = chunk["choices"][0]["logprobs"];
+        if (logprobs.is_null()) continue;
+        for (const json& entry : logprobs["content"]) {
+            CHECK(entry["logprob"].get<double>() <= 0);
+            CHECK(entry["top_logprobs"].size() == 2);
+            CHECK(entry["top_logprobs"][0]["logprob"].get<double>() == doctest::Approx(entry["logprob"].get<double>()));
+            CHECK(entry["bytes"].is_array());
+            ++entries;
+        }
+    }
+    CHECK(entries == 5);
 }
 
 TEST_CASE("infer serve: every error status with OpenAI's error object") {
