@@ -30,24 +30,30 @@ inline int free_port() {
     return ntohs(address.sin_port);
 }
 
+// Starts a program (args[0] is its path) as a child process with its stdout and stderr in `log_path`.
+inline pid_t spawn(std::vector<std::string> args, const std::string& log_path) {
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) infer::detail::fail("fork failed");
+    if (pid == 0) {
+        int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
 // `infer serve ARGS --port P` as a child process (its log in `log_path`), stopped with SIGTERM when destroyed.
 class ServeProcess {
 public:
     ServeProcess(const std::string& infer, std::vector<std::string> args, const std::string& log_path = "/dev/null")
         : port_(free_port()) {
         args.insert(args.begin(), {infer, "serve", "--port", std::to_string(port_)});
-        std::vector<char*> argv;
-        for (std::string& arg : args) argv.push_back(arg.data());
-        argv.push_back(nullptr);
-        pid_ = ::fork();
-        if (pid_ < 0) infer::detail::fail("fork failed");
-        if (pid_ == 0) {
-            int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            ::dup2(fd, 1);
-            ::dup2(fd, 2);
-            ::execv(argv[0], argv.data());
-            ::_exit(127);
-        }
+        pid_ = spawn(std::move(args), log_path);
         for (int i = 0; i < 600; ++i) {
             httplib::Client probe("127.0.0.1", port_);
             auto health = probe.Get("/health");

@@ -10,6 +10,8 @@
 #include <thread>
 
 #ifdef INFER_BENCH_HTTP
+#include "../examples/serving_client.hpp"
+
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -419,35 +421,13 @@ TEST_CASE("infer bench serve: a server that is not there is a clear failure") {
 
 namespace {
 
-int free_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-    socklen_t size = sizeof address;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-    ::close(fd);
-    return ntohs(address.sin_port);
-}
+using client::free_port;
 
 // `infer serve` as a child process, its output in a temporary file; stopped with SIGTERM (SIGKILL if a check fails).
 class ServeProcess {
 public:
     ServeProcess(std::vector<std::string> args) : dir_("bench-serve-log") {
-        std::vector<char*> argv;
-        for (std::string& arg : args) argv.push_back(arg.data());
-        argv.push_back(nullptr);
-        const std::string log = (dir_ / "log").string();
-        pid_ = ::fork();
-        REQUIRE(pid_ >= 0);
-        if (pid_ == 0) {
-            int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            ::dup2(fd, 1);
-            ::dup2(fd, 2);
-            ::execv(argv[0], argv.data());
-            ::_exit(127);
-        }
+        pid_ = client::spawn(std::move(args), (dir_ / "log").string());
     }
     ~ServeProcess() {
         if (pid_ > 0) ::kill(pid_, SIGKILL), ::waitpid(pid_, nullptr, 0);

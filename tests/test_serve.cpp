@@ -5,6 +5,7 @@
 #include "support.hpp"
 
 #include "../examples/server.hpp"
+#include "../examples/serving_client.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -20,37 +21,13 @@ using nlohmann::json;
 
 namespace {
 
-int free_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = 0;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-    socklen_t size = sizeof address;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-    ::close(fd);
-    return ntohs(address.sin_port);
-}
+using client::free_port;
 
 // A child process (infer serve, infer route, nginx) with its stderr in a temporary file.
 class Process {
 public:
     Process(const std::vector<std::string>& args, const std::string& name) : dir_(name) {
-        std::vector<std::string> copy = args;
-        std::vector<char*> argv;
-        for (std::string& arg : copy) argv.push_back(arg.data());
-        argv.push_back(nullptr);
-        const std::string log = (dir_ / "stderr").string();
-        pid_ = ::fork();
-        REQUIRE(pid_ >= 0);
-        if (pid_ == 0) {
-            int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            ::dup2(fd, 2);
-            ::dup2(fd, 1);
-            ::execv(argv[0], argv.data());
-            ::_exit(127);
-        }
+        pid_ = client::spawn(args, (dir_ / "stderr").string());
     }
     Process(const Process&) = delete;
     ~Process() {
