@@ -859,6 +859,23 @@ bool device_available(std::string* why) {
     return true;
 }
 
+// Seconds that `repeats` calls of `launch` take on the device's default stream, timed with CUDA events.
+template <class Launch>
+double seconds_on_device(int repeats, Launch&& launch) {
+    cudaEvent_t start, stop;
+    INFER_CUDA_CHECK(cudaEventCreate(&start));
+    INFER_CUDA_CHECK(cudaEventCreate(&stop));
+    INFER_CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < repeats; ++i) launch();
+    INFER_CUDA_CHECK(cudaEventRecord(stop));
+    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms * 1e-3;
+}
+
 std::string device_description(int device) {
     cudaDeviceProp prop{};
     INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -870,19 +887,11 @@ std::string device_description(int device) {
 double measure_copy_bandwidth(size_t bytes, int repeats) {
     DeviceBuffer<std::byte> a(bytes), b(bytes);
     INFER_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
-    cudaEvent_t start, stop;
-    INFER_CUDA_CHECK(cudaEventCreate(&start));
-    INFER_CUDA_CHECK(cudaEventCreate(&stop));
     INFER_CUDA_CHECK(cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));  // warm-up
-    INFER_CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < repeats; ++i) INFER_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
-    INFER_CUDA_CHECK(cudaEventRecord(stop));
-    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * repeats / (ms * 1e-3);
+    const double seconds = seconds_on_device(repeats, [&] {
+        INFER_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    });
+    return 2.0 * static_cast<double>(bytes) * repeats / seconds;
 }
 
 // cuBLAS bf16 × bf16 → f32 (f32 accumulate) on an n × n × n product: the rate prefill is measured against.
@@ -899,20 +908,10 @@ double measure_bf16_matmul_rate(int n, int repeats) {
         INFER_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.get(), CUDA_R_16BF, n, b.get(),
                                         CUDA_R_16BF, n, &zero, c.get(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
-    run();
-    cudaEvent_t start, stop;
-    INFER_CUDA_CHECK(cudaEventCreate(&start));
-    INFER_CUDA_CHECK(cudaEventCreate(&stop));
-    INFER_CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < repeats; ++i) run();
-    INFER_CUDA_CHECK(cudaEventRecord(stop));
-    INFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    INFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    run();  // warm-up
+    const double seconds = seconds_on_device(repeats, run);
     cublasDestroy(handle);
-    return 2.0 * n * static_cast<double>(n) * n * repeats / (ms * 1e-3);
+    return 2.0 * n * static_cast<double>(n) * n * repeats / seconds;
 }
 
 // =====================================================================================================================

@@ -42,6 +42,21 @@ inline infer::Json read_json(const std::filesystem::path& path) {
     return infer::Json::parse(infer::read_text_file(path), path.string());
 }
 
+// llama.cpp's logits for stories260K at 64 positions: row i follows token_ids[i] (the prompt's rows come from one
+// prefill, the rest from one-token decodes of the greedy continuation). [64, 512]
+struct StoriesLogits {
+    std::vector<int> ids;
+    int prompt_length = 0;
+    std::vector<float> logits;
+};
+
+inline StoriesLogits stories_logits() {
+    const std::filesystem::path folder = shared_dir() / "models/stories260K/public";
+    infer::Json meta = read_json(folder / "logits_lily_and_ben_64.json");
+    return {ids_of(meta.at("token_ids")), static_cast<int>(meta.at("prompt_ids").as_array().size()),
+            read_floats(folder / "logits_lily_and_ben_64.f32")};
+}
+
 // A fresh folder under the system's temporary directory, removed when the test ends.
 class TempDir {
 public:

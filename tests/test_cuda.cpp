@@ -361,10 +361,7 @@ TEST_CASE("gpu: stories260K logits at 64 positions (one prefill, then one-token 
     REQUIRE_GPU_OR_SKIP();
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";
-    infer::Json meta = test::read_json(dir / "public/logits_lily_and_ben_64.json");
-    std::vector<int> ids = test::ids_of(meta.at("token_ids"));
-    const int prompt = static_cast<int>(meta.at("prompt_ids").as_array().size());
-    std::vector<float> reference = test::read_floats(dir / "public/logits_lily_and_ben_64.f32");
+    const auto [ids, prompt, reference] = test::stories_logits();
     infer::Model model = infer::load_model(dir / "stories260K.gguf");
     infer::KVCache cache(model.config, 8, 16);
     REQUIRE(cache.reserve(7, static_cast<int>(ids.size())));

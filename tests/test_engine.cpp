@@ -446,9 +446,7 @@ TEST_CASE("infer run-batch: OpenAI Batch lines in, one output line each, in orde
 
 TEST_CASE("logprobs: the sampled token's log-probability and the likeliest alternatives, from llama.cpp's logits") {
     REQUIRE_SHARED_OR_SKIP();
-    const auto folder = test::shared_dir() / "models/stories260K/public";
-    const std::vector<int> ids = test::ids_of(test::read_json(folder / "logits_lily_and_ben_64.json").at("token_ids"));
-    const std::vector<float> reference = test::read_floats(folder / "logits_lily_and_ben_64.f32");
+    const auto [ids, prompt_length, reference] = test::stories_logits();
     const size_t V = 512, last = ids.size() - 1;
     // The reference distribution at the last position, in double.
     std::vector<double> expected(V);

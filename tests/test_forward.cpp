@@ -78,10 +78,7 @@ TEST_CASE("the bf16 copy matches its reference, widened in registers, from safet
 TEST_CASE("stories260K: logits at 64 positions, prompt as one prefill then one-token decodes") {
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";
-    infer::Json meta = test::read_json(dir / "public/logits_lily_and_ben_64.json");
-    std::vector<int> ids = test::ids_of(meta.at("token_ids"));
-    const int prompt = static_cast<int>(meta.at("prompt_ids").as_array().size());
-    std::vector<float> reference = test::read_floats(dir / "public/logits_lily_and_ben_64.f32");
+    const auto [ids, prompt, reference] = test::stories_logits();
     infer::Model models[] = {infer::load_model(dir / "stories260K.gguf"), infer::load_model(dir / "stories260K.bin", dir / "tok512.bin")};
     for (const infer::Model& model : models) {
         infer::ThreadPool pool(2);
