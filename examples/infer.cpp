@@ -402,7 +402,7 @@ int run_chat(const CommandLine& options) {
 struct BatchRequest {
     std::string custom_id;
     serve::CompletionRequest request;
-    int engine_id = -1;
+    std::vector<int> engine_ids;  // one engine request per choice ("n"); empty: the line could not run
     std::string error;  // set: this line gets an error line
 };
 
@@ -431,14 +431,14 @@ void write_batch_error(std::ostream& out, int index, const std::string& custom_i
     out << "}}\n";
 }
 
-void write_batch_result(std::ostream& out, int index, const BatchRequest& r, const infer::RequestResult& result,
+void write_batch_result(std::ostream& out, int index, const BatchRequest& r, std::span<const infer::RequestResult> choices,
                         const std::string& model_name, long long created, const infer::Tokenizer* tokenizer) {
     out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
     infer::detail::write_json_string(out, r.custom_id);
     serve::ResponseHead head{(r.request.chat ? "chatcmpl-" : "cmpl-") + std::to_string(index), created,
                              r.request.model.empty() ? model_name : r.request.model, r.request.chat, tokenizer};
     out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":"
-        << serve::completion_body(head, result, nullptr, r.request.params.logprobs >= 0) << "},\"error\":null}\n";
+        << serve::completion_body(head, choices, nullptr, r.request.params.logprobs >= 0) << "},\"error\":null}\n";
 }
 
 int run_batch(const CommandLine& options) {
@@ -490,14 +490,18 @@ int run_batch(const CommandLine& options) {
             request.error = e.what();
         }
         if (request.error.empty())
-            request.engine_id = engine.add_request(request.request.prompt, request.request.params, request.request.stop);
+            for (int choice = 0; choice < request.request.n; ++choice) {  // as infer serve: a seed gives each choice its own
+                infer::SamplingParams params = request.request.params;
+                if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(choice);
+                request.engine_ids.push_back(engine.add_request(request.request.prompt, params, request.request.stop));
+            }
         requests.push_back(std::move(request));
     }
 
     const bool show_progress = ::isatty(2);
     infer::Stopwatch wall;
     size_t done = 0, running_total = 0;
-    for (const BatchRequest& r : requests) running_total += r.engine_id >= 0;
+    for (const BatchRequest& r : requests) running_total += r.engine_ids.size();
     std::unordered_map<int, infer::RequestResult> results;
     while (engine.has_work()) {
         for (const infer::Event& e : engine.step()) {
@@ -522,21 +526,23 @@ int run_batch(const CommandLine& options) {
     for (size_t i = 0; i < requests.size(); ++i) {
         const BatchRequest& r = requests[i];
         const int index = static_cast<int>(i);
-        if (r.engine_id < 0) {
+        if (r.engine_ids.empty()) {
             write_batch_error(out, index, r.custom_id, r.error);
             ++failed;
             continue;
         }
-        const infer::RequestResult& result = results.at(r.engine_id);
-        finished.push_back(result);
-        if (result.finish_reason == "error") {
-            write_batch_error(out, index, r.custom_id, result.error);
+        std::vector<infer::RequestResult> choices;
+        for (int id : r.engine_ids) choices.push_back(results.at(id));
+        finished.insert(finished.end(), choices.begin(), choices.end());
+        auto error = std::find_if(choices.begin(), choices.end(), [](const auto& c) { return c.finish_reason == "error"; });
+        if (error != choices.end()) {
+            write_batch_error(out, index, r.custom_id, error->error);
             ++failed;
             continue;
         }
-        write_batch_result(out, index, r, result, model_name, created, tokenizer ? &*tokenizer : nullptr);
-        prompt_tokens += result.prompt_ids.size();
-        generated += result.generated_ids.size();
+        write_batch_result(out, index, r, choices, model_name, created, tokenizer ? &*tokenizer : nullptr);
+        prompt_tokens += choices.front().prompt_ids.size();
+        for (const infer::RequestResult& choice : choices) generated += choice.generated_ids.size();
     }
     if (!out) infer::detail::fail(options.text("-o"), ": write failed");
 

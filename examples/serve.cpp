@@ -39,8 +39,7 @@ struct Pending {
     std::mutex mutex;
     std::condition_variable ready;
     std::deque<infer::Event> events;
-    std::optional<infer::RequestResult> result;  // set with the finishing event
-    bool finished = false;
+    std::map<int, infer::RequestResult> results;  // by engine id, set with each choice's finishing event
 };
 
 struct Instance {
@@ -252,7 +251,7 @@ private:
         clock.restart();
         auto pending = std::make_shared<Pending>();
         const int64_t prompt_tokens = static_cast<int64_t>(r.prompt.size());
-        const int64_t cost = prompt_tokens + r.params.max_tokens;
+        const int64_t cost = (prompt_tokens + r.params.max_tokens) * r.n;
         int chosen = choose_instance(r.prompt);
         Instance& instance = *instances_[static_cast<size_t>(chosen)];
         infer::EngineLoop* loop = instance.loop.get();
@@ -264,10 +263,7 @@ private:
                 metrics_.add("infer:request_success_total", "finished_reason=\"cancelled\"", 1);
             std::lock_guard lock(pending->mutex);
             pending->events.push_back(event);
-            if (event.finished) {
-                pending->finished = true;
-                pending->result = std::move(result);
-            }
+            if (result) pending->results[event.request_id] = std::move(*result);
             pending->ready.notify_all();
         };
         ++in_flight_;
@@ -299,7 +295,14 @@ private:
         stream->timing = timing;
         stream->arrival = arrival;
         stream->instance = &instance;
-        stream->engine_id = *id;
+        // n > 1: the other choices join the first, admitted with it as one request; a seed gives each its own stream.
+        stream->engine_ids.push_back(*id);
+        for (int choice = 1; choice < r.n; ++choice) {
+            infer::SamplingParams params = r.params;
+            if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(choice);
+            stream->engine_ids.push_back(loop->submit(r.prompt, params, r.stop, callback));
+        }
+        stream->choices.resize(stream->engine_ids.size());
         stream->cost = cost;
         stream->prompt_tokens = prompt_tokens;
         stream->path = req.path;
@@ -315,14 +318,20 @@ private:
 
     struct Stream {
         ResponseHead head;
-        bool streaming = false, include_usage = false, role_sent = false, waiting = true, done = false, cancelled = false;
+        bool streaming = false, include_usage = false, waiting = true, done = false, cancelled = false;
         bool logprobs = false;    // the request asked for log-probabilities
-        size_t text_offset = 0;   // bytes of token text streamed so far (completions' logprobs.text_offset)
+        struct Choice {
+            bool role_sent = false;
+            size_t text_offset = 0;  // bytes of token text streamed so far (completions' logprobs.text_offset)
+            std::optional<infer::RequestResult> result;
+        };
+        std::vector<Choice> choices;  // [n], in the order of engine_ids
+        int finished = 0;             // choices with a result
         Timing timing;
         std::shared_ptr<infer::Stopwatch> arrival;
         double finish_seen = -1;  // arrival-clock seconds when the HTTP thread took the finishing event
         Instance* instance = nullptr;
-        int engine_id = -1;
+        std::vector<int> engine_ids;  // one engine request per choice
         int64_t cost = 0, prompt_tokens = 0;
         std::string path;
     };
@@ -355,58 +364,76 @@ private:
                 s.waiting = false;
                 s.instance->waiting_tokens -= s.prompt_tokens;
             }
+            const size_t index = static_cast<size_t>(
+                std::find(s.engine_ids.begin(), s.engine_ids.end(), event.request_id) - s.engine_ids.begin());
+            if (index == s.engine_ids.size()) continue;
             if (!event.finished) {
                 if (s.streaming && (!event.text.empty() || (s.logprobs && !event.logprobs.empty())) &&
-                    !send_chunk(s, sink, event, ""))
+                    !send_chunk(s, sink, event, index, ""))
+                    return cancel(s);
+                continue;
+            }
+            {
+                std::lock_guard lock(pending.mutex);
+                auto found = pending.results.find(event.request_id);
+                if (found == pending.results.end()) return cancel(s);
+                s.choices[index].result = std::move(found->second);
+                pending.results.erase(found);
+            }
+            if (++s.finished < static_cast<int>(s.choices.size())) {  // another choice still runs: end this one's stream
+                if (s.streaming && s.choices[index].result->finish_reason != "error" &&
+                    !send_chunk(s, sink, event, index, s.choices[index].result->finish_reason))
                     return cancel(s);
                 continue;
             }
             s.finish_seen = s.arrival->seconds();
-            std::optional<infer::RequestResult> result;
-            {
-                std::lock_guard lock(pending.mutex);
-                result = std::move(pending.result);
-            }
-            if (!result) return cancel(s);
-            return finish(s, sink, event, *result);
+            return finish(s, sink, event, index);
         }
         return true;
     }
 
-    bool send_chunk(Stream& s, httplib::DataSink& sink, const infer::Event& event, std::string_view finish_reason,
+    bool send_chunk(Stream& s, httplib::DataSink& sink, const infer::Event& event, size_t index, std::string_view finish_reason,
                     const Timing* timing = nullptr) {
-        const std::string logprobs = logprobs_json(s.head, event.logprobs, s.logprobs, s.text_offset);
-        for (const infer::TokenLogprob& lp : event.logprobs) s.text_offset += token_string(s.head, lp.id).size();
-        std::string chunk = chunk_body(s.head, event.text, s.head.chat && !s.role_sent, finish_reason, s.include_usage, logprobs);
-        s.role_sent = true;
+        Stream::Choice& choice = s.choices[index];
+        const std::string logprobs = logprobs_json(s.head, event.logprobs, s.logprobs, choice.text_offset);
+        for (const infer::TokenLogprob& lp : event.logprobs) choice.text_offset += token_string(s.head, lp.id).size();
+        std::string chunk = chunk_body(s.head, event.text, s.head.chat && !choice.role_sent, finish_reason, s.include_usage,
+                                       logprobs, static_cast<int>(index));
+        choice.role_sent = true;
         if (timing) chunk = with_timing(chunk, *timing);
         std::string data = sse(chunk);
         return sink.write(data.data(), data.size());
     }
 
-    bool finish(Stream& s, httplib::DataSink& sink, const infer::Event& event, infer::RequestResult& result) {
+    // Every choice has its result; `event` finished the last of them, choice `index`.
+    bool finish(Stream& s, httplib::DataSink& sink, const infer::Event& event, size_t index) {
+        std::vector<infer::RequestResult> results;
+        for (Stream::Choice& choice : s.choices) results.push_back(std::move(*choice.result));
+        const infer::RequestResult& last = results[index];
+        const infer::RequestResult* failed = nullptr;
+        for (const infer::RequestResult& result : results)
+            if (result.finish_reason == "error") failed = &result;
         Timing& t = s.timing;
-        t.engine = result.times.breakdown;
+        t.engine = last.times.breakdown;
         t.http_write = s.arrival->seconds() - s.finish_seen;
         t.e2e = s.arrival->seconds();
-        const std::string& reason = result.finish_reason;
         // Counted before the last write, so a client that has its last byte finds its request in /metrics.
-        record(s, result);
+        record(s, results);
         bool ok = true;
         if (s.streaming) {
-            if (result.finish_reason == "error") {
-                std::string data = sse(error_body(500, result.error));
+            if (failed) {
+                std::string data = sse(error_body(500, failed->error));
                 ok = sink.write(data.data(), data.size());
             } else {
-                ok = send_chunk(s, sink, event, reason, s.include_usage ? nullptr : &t);
+                ok = send_chunk(s, sink, event, index, last.finish_reason, s.include_usage ? nullptr : &t);
                 if (ok && s.include_usage) {
-                    std::string data = sse(with_timing(usage_chunk_body(s.head, result), t));
+                    std::string data = sse(with_timing(usage_chunk_body(s.head, results), t));
                     ok = sink.write(data.data(), data.size());
                 }
             }
             if (ok) ok = sink.write("data: [DONE]\n\n", 14);
         } else {
-            std::string body = result.finish_reason == "error" ? error_body(500, result.error) : completion_body(s.head, result, &t, s.logprobs);
+            std::string body = failed ? error_body(500, failed->error) : completion_body(s.head, results, &t, s.logprobs);
             ok = sink.write(body.data(), body.size());
         }
         if (ok) sink.done();
@@ -418,7 +445,7 @@ private:
     bool cancel(Stream& s) {
         if (!s.done && !s.cancelled) {
             s.cancelled = true;
-            s.instance->loop->cancel(s.engine_id);
+            for (int id : s.engine_ids) s.instance->loop->cancel(id);
         }
         return false;
     }
@@ -434,20 +461,23 @@ private:
         --in_flight_;
     }
 
-    void record(const Stream& s, const infer::RequestResult& result) {
+    // One HTTP request with its choices' results (one per choice; the prompt counts once).
+    void record(const Stream& s, std::span<const infer::RequestResult> results) {
         count_status(s.path, 200);  // the status line went out with the first byte
-        if (result.finish_reason != "cancelled")
-            metrics_.add("infer:request_success_total", "finished_reason=\"" + result.finish_reason + "\"", 1);
-        metrics_.add("infer:prompt_tokens_total", "", static_cast<double>(result.prompt_ids.size()));
-        metrics_.add("infer:generation_tokens_total", "", static_cast<double>(result.generated_ids.size()));
+        metrics_.add("infer:prompt_tokens_total", "", static_cast<double>(results.front().prompt_ids.size()));
         for (const auto& [layer, seconds] : timing_layers(s.timing))
             metrics_.add("infer:request_layer_seconds_total", std::string("layer=\"") + layer + "\"", seconds);
-        const infer::RequestTimes& t = result.times;
         const double before_engine = s.timing.http_parse + s.timing.tokenize + s.timing.route;
-        if (t.first_token >= 0) metrics_.observe("infer:time_to_first_token_seconds", before_engine + t.first_token - t.arrival);
-        for (size_t i = 1; i < t.token_times.size(); ++i)
-            metrics_.observe("infer:inter_token_latency_seconds", t.token_times[i] - t.token_times[i - 1]);
-        if (t.first_scheduled >= 0) metrics_.observe("infer:request_queue_time_seconds", t.first_scheduled - t.arrival);
+        for (const infer::RequestResult& result : results) {
+            if (result.finish_reason != "cancelled")
+                metrics_.add("infer:request_success_total", "finished_reason=\"" + result.finish_reason + "\"", 1);
+            metrics_.add("infer:generation_tokens_total", "", static_cast<double>(result.generated_ids.size()));
+            const infer::RequestTimes& t = result.times;
+            if (t.first_token >= 0) metrics_.observe("infer:time_to_first_token_seconds", before_engine + t.first_token - t.arrival);
+            for (size_t i = 1; i < t.token_times.size(); ++i)
+                metrics_.observe("infer:inter_token_latency_seconds", t.token_times[i] - t.token_times[i - 1]);
+            if (t.first_scheduled >= 0) metrics_.observe("infer:request_queue_time_seconds", t.first_scheduled - t.arrival);
+        }
         metrics_.observe("infer:e2e_request_latency_seconds", s.timing.e2e);
     }
 

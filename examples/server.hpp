@@ -61,6 +61,8 @@ inline std::string error_body(int status, std::string_view message, std::string_
 // the rest of the context for a chat reply (as vLLM).
 // =====================================================================================================================
 
+inline constexpr int max_choices = 16;  // "n": at most this many choices per request
+
 struct CompletionRequest {
     bool chat = false;
     std::string model;                // as the client named it ("" when absent)
@@ -70,6 +72,7 @@ struct CompletionRequest {
     bool stream = false;
     bool include_usage = false;       // stream_options.include_usage: one more chunk with the usage
     bool max_tokens_given = false;    // false: the default, which the server may shrink to the room left
+    int n = 1;                        // choices: n engine requests for the one prompt
     double tokenize_seconds = 0;      // chat template + tokenizer time, for the timing breakdown
 };
 
@@ -141,7 +144,7 @@ inline CompletionRequest parse_request(const infer::Json& body, bool chat, const
         if (!m->is_string()) bad("model", "body field \"model\" must be a string");
         r.model = m->as_string();
     }
-    if (detail::number(body, "n", 1) != 1) bad("n", "body field \"n\": only 1 choice per request is supported");
+    r.n = detail::whole(detail::number(body, "n", 1), "n", 1, max_choices);
     // Log-probabilities: completions take "logprobs": k (the sampled token and the k likeliest); chat takes
     // "logprobs": true with "top_logprobs": k, as OpenAI's two APIs spell it.
     const int most = infer::SamplingParams::max_logprobs;
@@ -296,8 +299,18 @@ struct ResponseHead {
     const infer::Tokenizer* tokenizer = nullptr;  // spells tokens in "logprobs" ("token_id:N" without one, as vLLM)
 };
 
+// A token's text as it reads inside a text, leading space included: decoded after an ordinary token, whose own text is
+// then cut off (decoding it alone would drop the leading space that SentencePiece and Llama's decoders strip at the
+// start of a text).
 inline std::string token_string(const ResponseHead& head, int id) {
-    return head.tokenizer ? head.tokenizer->decode(std::vector<int>{id}) : "token_id:" + std::to_string(id);
+    if (!head.tokenizer) return "token_id:" + std::to_string(id);
+    const std::vector<int> anchor = head.tokenizer->encode("a", false);
+    if (anchor.empty()) return head.tokenizer->decode(std::vector<int>{id});
+    const std::string before = head.tokenizer->decode(anchor);
+    std::vector<int> ids = anchor;
+    ids.push_back(id);
+    const std::string both = head.tokenizer->decode(ids);
+    return both.compare(0, before.size(), before) == 0 ? both.substr(before.size()) : head.tokenizer->decode(std::vector<int>{id});
 }
 
 inline std::string byte_list(std::string_view text) {
@@ -351,11 +364,14 @@ inline std::string logprobs_json(const ResponseHead& head, std::span<const infer
            "],\"text_offset\":" + offsets + "]}";
 }
 
-inline std::string usage_json(const infer::RequestResult& result) {
-    const size_t prompt = result.prompt_ids.size(), completion = result.generated_ids.size();
+// The prompt counts once however many choices came from it (OpenAI's usage for n > 1).
+inline std::string usage_json(std::span<const infer::RequestResult> results) {
+    const size_t prompt = results.front().prompt_ids.size();
+    size_t completion = 0;
+    for (const infer::RequestResult& r : results) completion += r.generated_ids.size();
     return infer::detail::concat("{\"prompt_tokens\":", prompt, ",\"completion_tokens\":", completion,
                                  ",\"total_tokens\":", prompt + completion,
-                                 ",\"prompt_tokens_details\":{\"cached_tokens\":", result.cached_tokens, "}}");
+                                 ",\"prompt_tokens_details\":{\"cached_tokens\":", results.front().cached_tokens, "}}");
 }
 
 inline std::string head_json(const ResponseHead& head, const char* object) {
@@ -364,13 +380,18 @@ inline std::string head_json(const ResponseHead& head, const char* object) {
 }
 
 // The whole non-streaming body: one choice, its finish_reason and the usage (plus "infer_timing" when given).
-inline std::string completion_body(const ResponseHead& head, const infer::RequestResult& result, const Timing* timing = nullptr,
-                                   bool logprobs = false) {
-    std::string out = "{" + head_json(head, head.chat ? "chat.completion" : "text_completion") + ",\"choices\":[{\"index\":0,";
-    if (head.chat) out += "\"message\":{\"role\":\"assistant\",\"content\":" + json_string(result.text) + "}";
-    else out += "\"text\":" + json_string(result.text);
-    out += ",\"logprobs\":" + logprobs_json(head, result.logprobs, logprobs);
-    out += ",\"finish_reason\":\"" + result.finish_reason + "\"}],\"usage\":" + usage_json(result);
+inline std::string completion_body(const ResponseHead& head, std::span<const infer::RequestResult> results,
+                                   const Timing* timing = nullptr, bool logprobs = false) {
+    std::string out = "{" + head_json(head, head.chat ? "chat.completion" : "text_completion") + ",\"choices\":[";
+    for (size_t i = 0; i < results.size(); ++i) {
+        const infer::RequestResult& result = results[i];
+        out += (i ? ",{\"index\":" : "{\"index\":") + std::to_string(i) + ",";
+        if (head.chat) out += "\"message\":{\"role\":\"assistant\",\"content\":" + json_string(result.text) + "}";
+        else out += "\"text\":" + json_string(result.text);
+        out += ",\"logprobs\":" + logprobs_json(head, result.logprobs, logprobs);
+        out += ",\"finish_reason\":\"" + result.finish_reason + "\"}";
+    }
+    out += "],\"usage\":" + usage_json(results);
     if (timing) out += ",\"infer_timing\":" + timing_json(*timing);
     return out + "}";
 }
@@ -378,8 +399,9 @@ inline std::string completion_body(const ResponseHead& head, const infer::Reques
 // One streamed chunk: `text` as the choice's delta (chat) or text (completions). `role` adds the assistant role (the
 // first chat chunk); `finish_reason` ends the choice. With include_usage every chunk carries "usage": null, as OpenAI's.
 inline std::string chunk_body(const ResponseHead& head, std::string_view text, bool role, std::string_view finish_reason,
-                              bool include_usage, std::string_view logprobs = "null") {
-    std::string out = "{" + head_json(head, head.chat ? "chat.completion.chunk" : "text_completion") + ",\"choices\":[{\"index\":0,";
+                              bool include_usage, std::string_view logprobs = "null", int index = 0) {
+    std::string out = "{" + head_json(head, head.chat ? "chat.completion.chunk" : "text_completion") +
+                      ",\"choices\":[{\"index\":" + std::to_string(index) + ",";
     if (head.chat) out += std::string("\"delta\":{") + (role ? "\"role\":\"assistant\"," : "") + "\"content\":" + json_string(text) + "}";
     else out += "\"text\":" + json_string(text);
     out += ",\"logprobs\":" + std::string(logprobs) + ",\"finish_reason\":" + (finish_reason.empty() ? std::string("null") : json_string(finish_reason)) + "}]";
@@ -388,9 +410,9 @@ inline std::string chunk_body(const ResponseHead& head, std::string_view text, b
 }
 
 // The chunk after the last choice chunk when include_usage is set: no choices, the usage (OpenAI's shape).
-inline std::string usage_chunk_body(const ResponseHead& head, const infer::RequestResult& result) {
+inline std::string usage_chunk_body(const ResponseHead& head, std::span<const infer::RequestResult> results) {
     return "{" + head_json(head, head.chat ? "chat.completion.chunk" : "text_completion") +
-           ",\"choices\":[],\"usage\":" + usage_json(result) + "}";
+           ",\"choices\":[],\"usage\":" + usage_json(results) + "}";
 }
 
 // Adds "infer_timing" to a chunk or body (an object's text ending in '}').

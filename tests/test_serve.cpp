@@ -225,7 +225,9 @@ TEST_CASE("parse_request: OpenAI bodies to engine requests, bad fields named") {
     CHECK(error_of(R"({"prompt": "Hi", "temperature": -1})").first == "temperature");
     CHECK(error_of(R"({"prompt": "Hi", "top_p": 0})").first == "top_p");
     CHECK(error_of(R"({"prompt": "Hi", "max_tokens": 1.5})").first == "max_tokens");
-    CHECK(error_of(R"({"prompt": "Hi", "n": 2})").first == "n");
+    CHECK(parse(R"({"prompt": "Hi", "n": 3})").n == 3);
+    CHECK(error_of(R"({"prompt": "Hi", "n": 0})").first == "n");
+    CHECK(error_of(R"({"prompt": "Hi", "n": 17})").first == "n");
     CHECK(error_of(R"({"prompt": "Hi", "stop": [1]})").first == "stop");
     CHECK(parse(R"({"prompt": "Hi", "logprobs": 2})").params.logprobs == 2);
     CHECK(parse(R"({"prompt": "Hi"})").params.logprobs == -1);
@@ -421,6 +423,48 @@ TEST_CASE("infer serve: logprobs as OpenAI's completions and chat APIs shape the
         }
     }
     CHECK(entries == 5);
+}
+
+TEST_CASE("infer serve: n choices, each its own sample, streamed and not") {
+    Server server;
+    const int port = server.port();
+    const std::string body = R"({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true, "n": 3)";
+    auto plain = post(port, "/v1/completions", body + "}");
+    REQUIRE(plain);
+    REQUIRE(plain->status == 200);
+    json response = json::parse(plain->body);
+    REQUIRE(response["choices"].size() == 3);
+    std::vector<std::string> texts;
+    for (int i = 0; i < 3; ++i) {
+        CHECK(response["choices"][i]["index"] == i);
+        CHECK(response["choices"][i]["finish_reason"] == "length");
+        texts.push_back(response["choices"][i]["text"]);
+    }
+    CHECK(response["usage"]["completion_tokens"] == 24);  // the prompt counts once, the choices add up
+    CHECK(response["usage"]["total_tokens"] == response["usage"]["prompt_tokens"].get<int>() + 24);
+    CHECK((texts[0] != texts[1] || texts[1] != texts[2]));  // seeds 5, 6, 7: not one sample three times
+    // Choice i is the request with seed 5 + i, alone.
+    auto second = post(port, "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "seed": 6, "ignore_eos": true})");
+    CHECK(json::parse(second->body)["choices"][0]["text"] == texts[1]);
+
+    // Streamed: each chunk names its choice; each choice's text and finish_reason arrive, then the usage.
+    Streamed streamed = stream(port, "/v1/completions", body + R"(, "stream": true, "stream_options": {"include_usage": true}})");
+    CHECK(streamed.status == 200);
+    std::map<int, std::string> by_index;
+    std::map<int, std::string> finish;
+    for (const std::string& event : streamed.events) {
+        if (event == "[DONE]") continue;
+        json chunk = json::parse(event);
+        for (const json& choice : chunk["choices"]) {
+            by_index[choice["index"].get<int>()] += choice["text"].get<std::string>();
+            if (!choice["finish_reason"].is_null()) finish[choice["index"].get<int>()] = choice["finish_reason"];
+        }
+    }
+    for (int i = 0; i < 3; ++i) {
+        CHECK(by_index[i] == texts[i]);
+        CHECK(finish[i] == "length");
+    }
+    CHECK(streamed.usage["completion_tokens"] == 24);
 }
 
 TEST_CASE("infer serve: every error status with OpenAI's error object") {
