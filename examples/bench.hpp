@@ -16,6 +16,7 @@
 //   Throughputs divide by the benchmark's duration: first request sent to last response done.
 #pragma once
 
+#include "command_line.hpp"
 #include "infer.hpp"
 #include "measure.hpp"
 
@@ -130,16 +131,10 @@ struct Slo {
     bool empty() const { return !ttft_ms && !tpot_ms && !e2e_ms; }
 };
 
-inline double parse_number(const std::string& option, const std::string& text, const std::string& what) {
-    size_t used = 0;
-    double value = 0;
-    try {
-        value = std::stod(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (text.empty() || used != text.size() || !std::isfinite(value))
-        infer::detail::fail("option ", option, ": \"", text, "\" is not ", what);
+// A finite number (command_line.hpp's parse_number also takes "inf" and "nan", which no bench option means).
+inline double parse_finite(const std::string& option, const std::string& text, const std::string& what) {
+    const double value = parse_number(option, text, what);
+    if (!std::isfinite(value)) infer::detail::fail("option ", option, ": \"", text, "\" is not ", what);
     return value;
 }
 
@@ -157,7 +152,7 @@ inline Slo parse_slo(const std::string& text) {
         if (colon == std::string::npos)
             infer::detail::fail("option --slo: \"", item, "\" is not NAME:MILLISECONDS (names: ttft, tpot, e2e)");
         std::string name = item.substr(0, colon);
-        double ms = parse_number("--slo", item.substr(colon + 1), "a number of milliseconds");
+        double ms = parse_finite("--slo", item.substr(colon + 1), "a number of milliseconds");
         if (ms <= 0) infer::detail::fail("option --slo: ", name, " must be a positive number of milliseconds, found ", ms);
         if (name == "ttft") slo.ttft_ms = ms;
         else if (name == "tpot") slo.tpot_ms = ms;
@@ -184,7 +179,7 @@ inline std::vector<double> parse_rates(const std::string& text) {
     std::string item;
     while (std::getline(in, item, ',')) {
         double rate = item == "inf" ? std::numeric_limits<double>::infinity()
-                                    : parse_number("--rate", item, "a request rate (requests/s, or inf)");
+                                    : parse_finite("--rate", item, "a request rate (requests/s, or inf)");
         if (!(rate > 0)) infer::detail::fail("option --rate: ", item, " must be positive (requests/s, or inf)");
         rates.push_back(rate);
     }
@@ -933,7 +928,7 @@ inline std::vector<int> parse_int_list(const std::string& option, const std::str
     std::stringstream in(text);
     std::string item;
     while (std::getline(in, item, ',')) {
-        double v = parse_number(option, item, "a positive integer");
+        double v = parse_finite(option, item, "a positive integer");
         if (v < 1 || v != std::floor(v) || v > 1e7) infer::detail::fail("option ", option, ": \"", item, "\" is not a positive integer");
         values.push_back(static_cast<int>(v));
     }

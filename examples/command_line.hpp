@@ -11,6 +11,19 @@
 #include <string>
 #include <vector>
 
+// The whole of `text` as a number, or an error naming the option and saying what was expected (`what`).
+inline double parse_number(const std::string& option, const std::string& text, const std::string& what) {
+    size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (text.empty() || used != text.size()) infer::detail::fail("option ", option, ": \"", text, "\" is not ", what);
+    return value;
+}
+
 class CommandLine {
 public:
     // Reads argv[first..]: options in `with_value` take the next argument, options in `flags` stand alone. -h/--help
@@ -60,17 +73,7 @@ public:
     }
 
     double number(const std::string& name, double fallback) const {
-        if (!has(name)) return fallback;
-        const std::string& value = values_.at(name);
-        size_t used = 0;
-        double number = 0;
-        try {
-            number = std::stod(value, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != value.size() || value.empty()) infer::detail::fail("option ", name, ": \"", value, "\" is not a number");
-        return number;
+        return has(name) ? parse_number(name, values_.at(name), "a number") : fallback;
     }
 
 private:
@@ -82,4 +85,21 @@ inline infer::Model model_or_demo(const std::string& path) {
     if (!path.empty()) return infer::load_model(path);
     std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the figures are real)\n";
     return infer::demo_model();
+}
+
+// The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
+// --kv-memory, --no-prefix-cache and --device (a program that does not list an option simply gets its default).
+inline infer::EngineConfig engine_config(const CommandLine& options) {
+    infer::EngineConfig config;
+    const std::string policy = options.text("--policy", "continuous");
+    if (policy == "static") config.scheduler.policy = infer::SchedulePolicy::Static;
+    else if (policy != "continuous") infer::detail::fail("option --policy: \"", policy, "\" is not continuous or static");
+    config.scheduler.max_batch_tokens = static_cast<int>(options.integer("--max-batch-tokens", 512, 1, 1 << 20));
+    config.scheduler.max_seqs = static_cast<int>(options.integer("--max-seqs", 64, 1, 1 << 16));
+    config.block_size = static_cast<int>(options.integer("--block-size", 16, 1, 4096));
+    config.num_blocks = static_cast<int>(options.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
+    config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
+    config.prefix_caching = !options.has("--no-prefix-cache");
+    config.device = infer::parse_device(options.text("--device", "cpu"));
+    return config;
 }

@@ -449,17 +449,8 @@ int run_batch(const CommandLine& options) {
     std::optional<infer::Tokenizer> tokenizer;
     if (infer::has_tokenizer(model)) tokenizer = infer::tokenizer_for(model);
 
-    infer::EngineConfig config;
-    std::string policy = options.text("--policy", "continuous");
-    if (policy == "static") config.scheduler.policy = infer::SchedulePolicy::Static;
-    else if (policy != "continuous") infer::detail::fail("option --policy: \"", policy, "\" is not continuous or static");
-    config.scheduler.max_batch_tokens = static_cast<int>(options.integer("--max-batch-tokens", 512, 1, 1 << 20));
-    config.scheduler.max_seqs = static_cast<int>(options.integer("--max-seqs", 64, 1, 1 << 16));
-    config.block_size = static_cast<int>(options.integer("--block-size", 16, 1, 4096));
-    config.num_blocks = static_cast<int>(options.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
-    config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
-    config.prefix_caching = !options.has("--no-prefix-cache");
-    config.device = infer::parse_device(options.text("--device", "cpu"));
+    const infer::EngineConfig config = engine_config(options);
+    const std::string policy = options.text("--policy", "continuous");
     infer::ThreadPool pool(thread_count(options));
     infer::Engine engine(model, pool, config, tokenizer ? &*tokenizer : nullptr);
 

@@ -128,13 +128,7 @@ private:
             return chat::render(template_, messages, true, variables_);
         };
 
-        infer::EngineConfig config;
-        config.scheduler.max_batch_tokens = static_cast<int>(options_.integer("--max-batch-tokens", 512, 1, 1 << 20));
-        config.scheduler.max_seqs = static_cast<int>(options_.integer("--max-seqs", 64, 1, 1 << 16));
-        config.block_size = static_cast<int>(options_.integer("--block-size", 16, 1, 4096));
-        config.num_blocks = static_cast<int>(options_.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
-        config.kv_memory_bytes = static_cast<size_t>(options_.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
-        config.prefix_caching = !options_.has("--no-prefix-cache");
+        const infer::EngineConfig config = engine_config(options_);
         const long long threads = options_.integer("-t", 0, 0, 1024);
         const int total = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         // The instances share model_ (the mapped weights, read-only); each has its own pool of threads and KV cache.
