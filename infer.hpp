@@ -106,8 +106,8 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-namespace detail {
-
+// concat("tensor ", name, " has ", n, " rows") → one string; fail(...) throws it as an Error. Programs built on the
+// header use the same two, so every message is built the same way.
 template <class... Parts>
 std::string concat(const Parts&... parts) {
     std::ostringstream out;
@@ -119,6 +119,8 @@ template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
     throw Error(concat(parts...));
 }
+
+namespace detail {
 
 inline bool ends_with(std::string_view text, std::string_view suffix) {
     return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
@@ -135,25 +137,25 @@ public:
     explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {
 #ifdef INFER_HAVE_MMAP
         int fd = ::open(path_.c_str(), O_RDONLY);
-        if (fd < 0) detail::fail(path_, ": cannot open: ", std::strerror(errno));
+        if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
         struct stat info {};
         if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
             ::close(fd);
-            detail::fail(path_, ": not a regular file");
+            fail(path_, ": not a regular file");
         }
         size_ = static_cast<size_t>(info.st_size);
         if (size_ > 0) {
             void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
             if (mapped == MAP_FAILED) {
                 ::close(fd);
-                detail::fail(path_, ": mmap failed: ", std::strerror(errno));
+                fail(path_, ": mmap failed: ", std::strerror(errno));
             }
             data_ = static_cast<const std::byte*>(mapped);
         }
         ::close(fd);  // the mapping keeps the file alive
 #else
         std::ifstream in(path, std::ios::binary);
-        if (!in) detail::fail(path_, ": cannot open");
+        if (!in) fail(path_, ": cannot open");
         in.seekg(0, std::ios::end);
         size_ = static_cast<size_t>(in.tellg());
         in.seekg(0);
@@ -185,7 +187,7 @@ private:
 
 inline std::string read_text_file(const std::filesystem::path& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) detail::fail(path.string(), ": cannot open");
+    if (!in) fail(path.string(), ": cannot open");
     std::ostringstream text;
     text << in.rdbuf();
     return text.str();
@@ -222,7 +224,7 @@ public:
     int64_t as_int() const {
         double number = as_number();
         if (number != std::floor(number) || std::abs(number) > 9007199254740992.0)
-            detail::fail("expected an integer, found ", number);
+            fail("expected an integer, found ", number);
         return static_cast<int64_t>(number);
     }
 
@@ -235,7 +237,7 @@ public:
     }
     const Json& at(std::string_view key) const {
         const Json* member = find(key);
-        if (!member) detail::fail("missing field \"", key, "\"");
+        if (!member) fail("missing field \"", key, "\"");
         return *member;
     }
 
@@ -245,7 +247,7 @@ private:
     template <class T>
     const T& get(const char* expected) const {
         if (const T* value = std::get_if<T>(&value_)) return *value;
-        detail::fail("expected ", expected, ", found ", kind_name());
+        fail("expected ", expected, ", found ", kind_name());
     }
     const char* kind_name() const {
         static constexpr const char* names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
@@ -1108,12 +1110,12 @@ inline void save_safetensors(const std::filesystem::path& path, const std::vecto
     std::string text = header.str();
     while ((text.size() + 8) % 8 != 0) text += ' ';  // the format pads the header so the data starts aligned
     std::ofstream out(path, std::ios::binary);
-    if (!out) detail::fail(path.string(), ": cannot create");
+    if (!out) fail(path.string(), ": cannot create");
     uint64_t length = text.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xFF));
     out << text;
     for (const TensorData& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-    if (!out) detail::fail(path.string(), ": write failed");
+    if (!out) fail(path.string(), ": write failed");
 }
 
 // A Hugging Face folder: config.json, and model.safetensors or shards listed in model.safetensors.index.json.
@@ -1123,7 +1125,7 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
     model.format = "safetensors";
     auto config_path = folder / "config.json";
     Json config_json = Json::parse(read_text_file(config_path), config_path.string());
-    if (!config_json.is_object()) detail::fail(config_path.string(), ": not a JSON object");
+    if (!config_json.is_object()) fail(config_path.string(), ": not a JSON object");
     model.config = detail::config_from_hugging_face(config_json, config_path.string());
     // generation_config.json often lists more end ids than config.json (Llama 3 Instruct: <|eot_id|> as well).
     if (auto generation_path = folder / "generation_config.json"; std::filesystem::exists(generation_path)) {
@@ -1134,7 +1136,7 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
             if (eos->is_array())
                 for (const Json& id : eos->as_array()) ids.push_back(&id);
             for (const Json* id : ids) {
-                if (!id->is_number()) detail::fail(generation_path.string(), ": eos_token_id holds a value that is not a token id");
+                if (!id->is_number()) fail(generation_path.string(), ": eos_token_id holds a value that is not a token id");
                 int value = static_cast<int>(id->as_int());
                 if (std::find(model.config.eos_ids.begin(), model.config.eos_ids.end(), value) == model.config.eos_ids.end())
                     model.config.eos_ids.push_back(value);
@@ -1159,14 +1161,14 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
         Json index = Json::parse(read_text_file(index_path), index_path.string());
         std::vector<std::string> shards;
         const Json* map = index.find("weight_map");
-        if (!map || !map->is_object()) detail::fail(index_path.string(), ": missing object field \"weight_map\"");
+        if (!map || !map->is_object()) fail(index_path.string(), ": missing object field \"weight_map\"");
         for (const auto& [name, shard] : map->as_object()) {
-            if (!shard.is_string()) detail::fail(index_path.string(), ": weight_map entry ", name, " is not a file name");
+            if (!shard.is_string()) fail(index_path.string(), ": weight_map entry ", name, " is not a file name");
             if (std::find(shards.begin(), shards.end(), shard.as_string()) == shards.end()) shards.push_back(shard.as_string());
         }
         for (const auto& shard : shards) add_file(folder / shard);
     } else {
-        detail::fail(folder.string(), ": no model.safetensors or model.safetensors.index.json");
+        fail(folder.string(), ": no model.safetensors or model.safetensors.index.json");
     }
 
     detail::attach_tensors(model, tensors, detail::hugging_face_names);
@@ -1299,10 +1301,10 @@ struct GgufFile {
     }
     int64_t integer(const std::string& key) const {
         const detail::GgufValue* v = find(key);
-        if (!v) detail::fail(file->path(), ": missing GGUF metadata ", key);
+        if (!v) fail(file->path(), ": missing GGUF metadata ", key);
         if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
         if (auto* b = std::get_if<bool>(&v->value)) return *b;
-        detail::fail(file->path(), ": GGUF metadata ", key, " is not an integer");
+        fail(file->path(), ": GGUF metadata ", key, " is not an integer");
     }
     int64_t integer_or(const std::string& key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
     double number_or(const std::string& key, double fallback) const {
@@ -1310,20 +1312,20 @@ struct GgufFile {
         if (!v) return fallback;
         if (auto* d = std::get_if<double>(&v->value)) return *d;
         if (auto* i = std::get_if<int64_t>(&v->value)) return static_cast<double>(*i);
-        detail::fail(file->path(), ": GGUF metadata ", key, " is not a number");
+        fail(file->path(), ": GGUF metadata ", key, " is not a number");
     }
     std::string string_or(const std::string& key, std::string fallback) const {
         const detail::GgufValue* v = find(key);
         if (!v) return fallback;
         if (auto* s = std::get_if<std::string>(&v->value)) return *s;
-        detail::fail(file->path(), ": GGUF metadata ", key, " is not a string");
+        fail(file->path(), ": GGUF metadata ", key, " is not a string");
     }
     template <class T>
     const std::vector<T>* array(const std::string& key) const {
         const detail::GgufValue* v = find(key);
         if (!v) return nullptr;
         if (auto* items = std::get_if<std::vector<T>>(&v->value)) return items;
-        detail::fail(file->path(), ": GGUF metadata ", key, " is not an array of the expected type");
+        fail(file->path(), ": GGUF metadata ", key, " is not an array of the expected type");
     }
 };
 
@@ -1333,11 +1335,11 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
     const MappedFile& file = *gguf.file;
     detail::ByteReader in(file);
     if (file.size() < 4 || std::memcmp(file.data(), "GGUF", 4) != 0)
-        detail::fail(path.string(), ": not a GGUF file (bad magic; expected \"GGUF\")");
+        fail(path.string(), ": not a GGUF file (bad magic; expected \"GGUF\")");
     in.seek(4);
     gguf.version = in.read<uint32_t>();
     if (gguf.version != 2 && gguf.version != 3)
-        detail::fail(path.string(), ": unsupported GGUF version ", gguf.version, " (supported: 2, 3)");
+        fail(path.string(), ": unsupported GGUF version ", gguf.version, " (supported: 2, 3)");
     uint64_t tensor_count = in.read<uint64_t>();
     uint64_t metadata_count = in.read<uint64_t>();
     for (uint64_t i = 0; i < metadata_count; ++i) {
@@ -1355,7 +1357,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         Info info;
         info.tensor.name = in.read_string();
         uint32_t n_dims = in.read<uint32_t>();
-        if (n_dims == 0 || n_dims > 4) detail::fail(path.string(), ": tensor ", info.tensor.name, " has ", n_dims, " dimensions");
+        if (n_dims == 0 || n_dims > 4) fail(path.string(), ": tensor ", info.tensor.name, " has ", n_dims, " dimensions");
         std::vector<int64_t> dims(n_dims);
         for (auto& dim : dims) dim = static_cast<int64_t>(in.read<uint64_t>());
         std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
@@ -1366,7 +1368,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         else if (type == 30) info.tensor.dtype = DType::BF16;
         else {
             const char* name = detail::gguf_tensor_type_name(type);
-            detail::fail(path.string(), ": tensor ", info.tensor.name, " has type ",
+            fail(path.string(), ": tensor ", info.tensor.name, " has type ",
                          name ? name : ("unknown (" + std::to_string(type) + ")"),
                          ", which is not supported (supported: F32, F16, BF16)");
         }
@@ -1374,12 +1376,12 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         infos.push_back(std::move(info));
     }
     uint64_t alignment = static_cast<uint64_t>(gguf.integer_or("general.alignment", 32));
-    if (alignment == 0) detail::fail(path.string(), ": general.alignment is 0");
+    if (alignment == 0) fail(path.string(), ": general.alignment is 0");
     uint64_t data_start = (in.position() + alignment - 1) / alignment * alignment;
     for (auto& info : infos) {
         uint64_t bytes = info.tensor.bytes();
         if (data_start > file.size() || info.offset > file.size() - data_start || bytes > file.size() - data_start - info.offset)
-            detail::fail(path.string(), ": tensor ", info.tensor.name, " (", bytes, " bytes at data offset ", info.offset,
+            fail(path.string(), ": tensor ", info.tensor.name, " (", bytes, " bytes at data offset ", info.offset,
                          ") runs past the end of the file (", file.size(), " bytes; truncated?)");
         info.tensor.data = file.data() + data_start + info.offset;
         gguf.tensors[info.tensor.name] = std::move(info.tensor);
@@ -1434,7 +1436,7 @@ inline Model load_gguf(const std::filesystem::path& path) {
     ModelConfig& c = model.config;
     c.architecture = gguf.string_or("general.architecture", "");
     if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3")
-        detail::fail(model.source, ": unsupported general.architecture \"", c.architecture,
+        fail(model.source, ": unsupported general.architecture \"", c.architecture,
                      "\" (supported: llama, qwen2, qwen3)");
     const std::string a = c.architecture + ".";
     c.dim = static_cast<int>(gguf.integer(a + "embedding_length"));
@@ -1442,7 +1444,7 @@ inline Model load_gguf(const std::filesystem::path& path) {
     c.ffn_dim = static_cast<int>(gguf.integer(a + "feed_forward_length"));
     c.n_heads = static_cast<int>(gguf.integer(a + "attention.head_count"));
     c.n_kv_heads = static_cast<int>(gguf.integer_or(a + "attention.head_count_kv", c.n_heads));
-    if (c.n_heads <= 0) detail::fail(model.source, ": ", a, "attention.head_count must be positive");
+    if (c.n_heads <= 0) fail(model.source, ": ", a, "attention.head_count must be positive");
     c.head_dim = static_cast<int>(gguf.integer_or(a + "attention.key_length", c.dim / c.n_heads));
     c.context_length = static_cast<int>(gguf.integer_or(a + "context_length", 2048));
     c.rope_theta = gguf.number_or(a + "rope.freq_base", 10000.0);
@@ -1455,9 +1457,9 @@ inline Model load_gguf(const std::filesystem::path& path) {
         c.rope_scaling.kind = RopeScaling::Kind::Linear;
         c.rope_scaling.factor = gguf.number_or(a + "rope.scaling.factor", 1);
     } else if (scaling != "none" && scaling != "yarn") {
-        detail::fail(model.source, ": unsupported ", a, "rope.scaling.type \"", scaling, "\"");
+        fail(model.source, ": unsupported ", a, "rope.scaling.type \"", scaling, "\"");
     } else if (scaling == "yarn") {
-        detail::fail(model.source, ": unsupported ", a, "rope.scaling.type \"yarn\"");
+        fail(model.source, ": unsupported ", a, "rope.scaling.type \"yarn\"");
     }
     c.bos_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.bos_token_id", -1));
     if (gguf.find("tokenizer.ggml.eos_token_id")) c.eos_ids.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
@@ -1494,7 +1496,7 @@ inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int 
     for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
         float score = in.read<float>();
         int32_t length = in.read<int32_t>();
-        if (length < 0) detail::fail(path.string(), ": token ", id, " has negative length ", length);
+        if (length < 0) fail(path.string(), ": token ", id, " has negative length ", length);
         in.need(static_cast<uint64_t>(length), "a token");
         std::string piece(reinterpret_cast<const char*>(file.data() + in.position()), static_cast<size_t>(length));
         in.seek(in.position() + static_cast<size_t>(length));
@@ -1524,7 +1526,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
     model.format = "llama2.c";
     auto file = std::make_shared<MappedFile>(path);
     model.files.push_back(file);
-    if (file->size() < 28) detail::fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
+    if (file->size() < 28) fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
     int32_t header[7];
     std::memcpy(header, file->data(), sizeof header);
     ModelConfig& c = model.config;
@@ -1537,7 +1539,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
     c.vocab_size = std::abs(header[5]);
     c.context_length = header[6];
     c.tied_embeddings = header[5] > 0;
-    if (c.n_heads <= 0 || c.dim <= 0) detail::fail(model.source, ": bad llama2.c header (dim ", c.dim, ", heads ", c.n_heads, ")");
+    if (c.n_heads <= 0 || c.dim <= 0) fail(model.source, ": bad llama2.c header (dim ", c.dim, ", heads ", c.n_heads, ")");
     c.head_dim = c.dim / c.n_heads;
     c.rope_style = RopeStyle::AdjacentPairs;
     c.rope_theta = 10000;
@@ -1552,7 +1554,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
                            3 * L * F * D + D + S * c.head_dim + (c.tied_embeddings ? 0 : V * D);
     const uint64_t expected = 28 + static_cast<uint64_t>(floats) * 4;
     if (file->size() != expected)
-        detail::fail(model.source, ": llama2.c file is ", file->size(), " bytes but its header (dim ", D, ", hidden ", F,
+        fail(model.source, ": llama2.c file is ", file->size(), " bytes but its header (dim ", D, ", hidden ", F,
                      ", layers ", L, ", heads ", c.n_heads, ", kv heads ", c.n_kv_heads, ", vocab ", V, ", seq_len ", S,
                      ") needs ", expected);
 
@@ -1592,7 +1594,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
 // Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
 // (whose tokenizer defaults to tokenizer.bin beside it).
 inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
-    if (!std::filesystem::exists(path)) detail::fail(path.string(), ": no such file or folder");
+    if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
     Model model;
     if (std::filesystem::is_directory(path)) {
         model = load_hugging_face(path);
@@ -1720,7 +1722,7 @@ inline bool ends_with_replacement(std::string_view text) { return ends_with(text
 namespace detail::unicode {
 
 // clang-format off
-// ---- BEGIN GENERATED UNICODE TABLES (examples/make_unicode_tables.py, Unicode 14.0.0; do not edit by hand) ----
+// ---- BEGIN GENERATED UNICODE TABLES (scripts/make_unicode_tables.py, Unicode 14.0.0; do not edit by hand) ----
 // General category L (Lu Ll Lt Lm Lo): \p{L}: 648 ranges, first and last code point of each.
 inline constexpr char32_t letter_ranges[][2] = {
     {0x41,0x5A},{0x61,0x7A},{0xAA,0xAA},{0xB5,0xB5},{0xBA,0xBA},{0xC0,0xD6},{0xD8,0xF6},{0xF8,0x2C1},{0x2C6,0x2D1},{0x2E0,0x2E4},
@@ -2475,7 +2477,7 @@ private:
     };
 
     [[noreturn]] void unsupported(std::string_view what) const {
-        detail::fail("unsupported regex construct ", what, " at character ", at_, " of the pattern \"", pattern_, "\"");
+        fail("unsupported regex construct ", what, " at character ", at_, " of the pattern \"", pattern_, "\"");
     }
     bool more() const { return at_ < pattern_cp_.size(); }
     char32_t peek() const { return more() ? pattern_cp_[at_] : 0; }
@@ -2854,7 +2856,7 @@ public:
     std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const {
         const State& s = state();
         if (size_t bad = detail::find_invalid_utf8(text); bad != std::string_view::npos)
-            detail::fail("invalid UTF-8 in the input text at byte offset ", bad);
+            fail("invalid UTF-8 in the input text at byte offset ", bad);
         std::vector<int> ids;
         if (s.kind == Kind::SentencePieceScores) {
             if (add_special_tokens && s.add_bos && s.bos_id >= 0) ids.push_back(s.bos_id);
@@ -2927,7 +2929,7 @@ public:
     // The token's text as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>", "<|im_start|>").
     const std::string& token_text(int id) const {
         if (id < 0 || id >= vocab_size())
-            detail::fail("token id ", id, " is outside the vocabulary (", vocab_size(), " tokens)");
+            fail("token id ", id, " is outside the vocabulary (", vocab_size(), " tokens)");
         return state().id_to_token[static_cast<size_t>(id)];
     }
     int bos_id() const { return state().bos_id; }                     // -1 when there is none
@@ -2942,12 +2944,12 @@ public:
     std::vector<std::vector<std::string>> merge_steps(std::string_view pre_token) const {
         const State& s = state();
         if (s.kind != Kind::Bpe)
-            detail::fail(s.source, ": merge_steps shows ranked merges; this is a SentencePiece score tokenizer");
+            fail(s.source, ": merge_steps shows ranked merges; this is a SentencePiece score tokenizer");
         if (size_t bad = detail::find_invalid_utf8(pre_token); bad != std::string_view::npos)
-            detail::fail("invalid UTF-8 in the input text at byte offset ", bad);
+            fail("invalid UTF-8 in the input text at byte offset ", bad);
         std::vector<detail::Piece> pieces = pre_tokenize(normalize(pre_token), true);
         if (pieces.size() != 1)
-            detail::fail("merge_steps: \"", pre_token, "\" is ", pieces.size(), " pre-tokens for this tokenizer, not one");
+            fail("merge_steps: \"", pre_token, "\" is ", pieces.size(), " pre-tokens for this tokenizer, not one");
         std::vector<std::vector<std::string>> steps;
         merge_word(pieces[0].text, &steps);
         return steps;
@@ -3002,7 +3004,7 @@ private:
     };
 
     const State& state() const {
-        if (!state_) detail::fail("this Tokenizer is empty (default-constructed): load one with load_tokenizer");
+        if (!state_) fail("this Tokenizer is empty (default-constructed): load one with load_tokenizer");
         return *state_;
     }
 
@@ -3933,12 +3935,12 @@ struct TokenizerBuilder {
 // Loads the tokenizer at `path`: a folder with tokenizer.json (and tokenizer_config.json beside it for BOS/EOS and
 // the chat template), a tokenizer.json file, a .gguf file's vocabulary, or a llama2.c tokenizer.bin.
 inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
-    if (!std::filesystem::exists(path)) detail::fail(path.string(), ": no such file or folder");
+    if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
     std::filesystem::path json_path;
     if (std::filesystem::is_directory(path)) {
         json_path = path / "tokenizer.json";
         if (!std::filesystem::exists(json_path))
-            detail::fail(path.string(), ": no tokenizer.json in the folder (a Hugging Face tokenizer is needed to encode text)");
+            fail(path.string(), ": no tokenizer.json in the folder (a Hugging Face tokenizer is needed to encode text)");
     } else if (detail::ends_with(path.string(), ".json")) {
         json_path = path;
     }
@@ -3954,7 +3956,7 @@ inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
     if (std::memcmp(magic, "GGUF", 4) == 0) {
         GgufFile gguf = read_gguf(path);
         Vocabulary vocab = detail::vocabulary_from_gguf(gguf);
-        if (vocab.empty()) detail::fail(path.string(), ": no tokenizer vocabulary in the GGUF metadata (tokenizer.ggml.model \"", vocab.model, "\")");
+        if (vocab.empty()) fail(path.string(), ": no tokenizer vocabulary in the GGUF metadata (tokenizer.ggml.model \"", vocab.model, "\")");
         std::vector<int> eos;
         if (gguf.find("tokenizer.ggml.eos_token_id")) eos.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
         if (gguf.find("tokenizer.ggml.eot_token_id")) {
@@ -4031,8 +4033,8 @@ public:
     KVCache(const ModelConfig& config, int num_blocks, int block_size = 16)
         : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks),
           token_width_(config.n_kv_heads * config.head_dim) {
-        if (block_size <= 0) detail::fail("KV cache block size must be positive, found ", block_size);
-        if (num_blocks <= 0) detail::fail("KV cache needs at least one block, found ", num_blocks);
+        if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
+        if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
         size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
         // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
         // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
@@ -4166,7 +4168,7 @@ public:
     bool has_sequence(int sequence) const { return sequences_.count(sequence) > 0; }
     const std::vector<int>& block_table(int sequence) const {
         auto found = sequences_.find(sequence);
-        if (found == sequences_.end()) detail::fail("KV cache: sequence ", sequence, " has no blocks");
+        if (found == sequences_.end()) fail("KV cache: sequence ", sequence, " has no blocks");
         return found->second.table;
     }
     int ref_count(int block) const { return blocks_.at(static_cast<size_t>(block)).ref_count; }
@@ -4471,7 +4473,7 @@ public:
         if (T == 0) return {};
         if (batch.positions.size() != batch.tokens.size() || batch.sequences.size() != batch.tokens.size() ||
             batch.wants_logits.size() != batch.tokens.size())
-            detail::fail("batch: tokens, positions, sequences and wants_logits differ in length");
+            fail("batch: tokens, positions, sequences and wants_logits differ in length");
         const size_t D = c.dim, Dh = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, V = c.vocab_size;
         const size_t q_width = H * Dh, kv_width = Hkv * Dh;
         resize(static_cast<size_t>(T));
@@ -4481,12 +4483,12 @@ public:
         for (int t = 0; t < T; ++t) {
             int token = batch.tokens[t], position = batch.positions[t];
             if (token < 0 || token >= c.vocab_size)
-                detail::fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
+                fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
             if (position < 0 || position >= c.context_length)
-                detail::fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
+                fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
             const std::vector<int>& table = cache.block_table(batch.sequences[t]);
             if (static_cast<size_t>(position / cache.block_size()) >= table.size())
-                detail::fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
+                fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
             slot_block_[t] = table[position / cache.block_size()];
             slot_offset_[t] = position % cache.block_size();
             longest = std::max(longest, position + 1);
@@ -4638,7 +4640,7 @@ inline const char* device_name(Device device) { return device == Device::Cuda ? 
 inline Device parse_device(std::string_view text) {
     if (text == "cpu") return Device::Cpu;
     if (text == "cuda") return Device::Cuda;
-    detail::fail("unknown device '", text, "': expected cpu or cuda");
+    fail("unknown device '", text, "': expected cpu or cuda");
 }
 
 // Settings of the CUDA forward pass (the CPU ignores them).
@@ -4729,7 +4731,7 @@ public:
             cuda_ = std::make_unique<cuda::ForwardPass>(model, options);
 #else
             (void)options;
-            detail::fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");
+            fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");
 #endif
         }
     }
@@ -4775,7 +4777,7 @@ struct SamplingParams {
     // Rejects values no sampler can honour, naming the parameter.
     void validate() const {
         auto bad = [](const char* name, double value, const char* rule) {
-            detail::fail("invalid sampling parameter ", name, " = ", value, ": ", rule);
+            fail("invalid sampling parameter ", name, " = ", value, ": ", rule);
         };
         if (!(temperature >= 0) || !std::isfinite(temperature)) bad("temperature", temperature, "must be a finite number >= 0");
         if (top_k < 0) bad("top_k", top_k, "must be >= 0 (0 turns it off)");
@@ -4966,14 +4968,14 @@ inline bool has_tokenizer(const Model& model) {
 inline Tokenizer tokenizer_for(const Model& model) {
     if (model.format == "safetensors") {
         if (!has_tokenizer(model))
-            detail::fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
+            fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
         return load_tokenizer(model.source);
     }
     if (model.vocab.empty() && model.format == "llama2.c")
-        detail::fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
+        fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
                      "the default is tokenizer.bin beside the model), or pass token ids instead");
     if (model.vocab.empty())
-        detail::fail(model.source, ": no vocabulary to tokenize text with (",
+        fail(model.source, ": no vocabulary to tokenize text with (",
                      model.vocab.model.empty() ? std::string("no tokenizer.ggml.model")
                                                : "unsupported tokenizer.ggml.model \"" + model.vocab.model + "\"",
                      "); pass token ids instead");
@@ -4989,9 +4991,9 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     GenerationResult result;
     result.prompt_ids = std::move(prompt_ids);
     const int prompt_length = static_cast<int>(result.prompt_ids.size());
-    if (prompt_length == 0) detail::fail("the prompt is empty: nothing to condition on (add BOS or some text)");
+    if (prompt_length == 0) fail("the prompt is empty: nothing to condition on (add BOS or some text)");
     if (prompt_length >= c.context_length)
-        detail::fail("the prompt is ", prompt_length, " tokens, but the model's context holds ", c.context_length,
+        fail("the prompt is ", prompt_length, " tokens, but the model's context holds ", c.context_length,
                      " (", model.source, "); shorten the prompt");
     Sampler sampler(params, c.vocab_size);
     result.seed = sampler.seed();
@@ -5106,8 +5108,8 @@ struct SchedulePlan {
 class Scheduler {
 public:
     explicit Scheduler(SchedulerConfig config) : config_(config) {
-        if (config.max_batch_tokens <= 0) detail::fail("scheduler: max_batch_tokens must be positive, found ", config.max_batch_tokens);
-        if (config.max_seqs <= 0) detail::fail("scheduler: max_seqs must be positive, found ", config.max_seqs);
+        if (config.max_batch_tokens <= 0) fail("scheduler: max_batch_tokens must be positive, found ", config.max_batch_tokens);
+        if (config.max_seqs <= 0) fail("scheduler: max_seqs must be positive, found ", config.max_seqs);
     }
 
     const SchedulerConfig& config() const { return config_; }
@@ -5332,7 +5334,7 @@ public:
     }
     // Text prompts are encoded with the engine's tokenizer (BOS as the tokenizer adds it).
     int add_request(std::string_view prompt, const SamplingParams& params, std::vector<std::string> stop = {}) {
-        if (!tokenizer_) detail::fail(model_.source, ": the engine has no tokenizer to encode a text prompt; pass token ids");
+        if (!tokenizer_) fail(model_.source, ": the engine has no tokenizer to encode a text prompt; pass token ids");
         return add_request(tokenizer_->encode(prompt), params, std::move(stop));
     }
 
@@ -5443,7 +5445,7 @@ private:
     };
 
     static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
-        if (config.block_size <= 0) detail::fail("engine: block_size must be positive, found ", config.block_size);
+        if (config.block_size <= 0) fail("engine: block_size must be positive, found ", config.block_size);
         if (config.num_blocks > 0) return config.num_blocks;
         size_t bytes = config.kv_memory_bytes;
         if (bytes == 0)
@@ -5465,13 +5467,13 @@ private:
         if (prompt == 0) return "the prompt is empty: nothing to condition on (add BOS or some text)";
         for (int id : r.seq.tokens)
             if (id < 0 || id >= model_.config.vocab_size)
-                return detail::concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
+                return concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
         if (prompt + r.params.max_tokens > context)
-            return detail::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
+            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
                                   ") exceed the model's context of ", context, " tokens");
         const int blocks = (prompt + r.params.max_tokens + cache_.block_size() - 1) / cache_.block_size();
         if (blocks > cache_.num_blocks())
-            return detail::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
+            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
                                   " KV blocks of ", cache_.block_size(), " tokens, but the whole pool holds ", cache_.num_blocks());
         if (!r.stop.empty() && !tokenizer_) return "stop strings need a tokenizer, and this engine has none";
         for (const std::string& s : r.stop)
@@ -5779,7 +5781,7 @@ struct ModelShape {
 // Hugging Face-named tensors with weights uniform in ±1/sqrt(fan-in) and unit norm gains, from a seeded generator.
 inline std::vector<TensorData> random_weights(const ModelShape& shape, DType dtype, uint64_t seed) {
     if (shape.n_heads <= 0 || shape.dim % shape.n_heads != 0)
-        detail::fail("model shape: dim ", shape.dim, " is not a multiple of heads ", shape.n_heads);
+        fail("model shape: dim ", shape.dim, " is not a multiple of heads ", shape.n_heads);
     const int64_t D = shape.dim, F = shape.ffn_dim, V = shape.vocab_size, Dh = shape.dim / shape.n_heads;
     const int64_t q_width = shape.n_heads * Dh, kv_width = shape.n_kv_heads * Dh;
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -5848,7 +5850,7 @@ inline void save_random_model(const std::filesystem::path& folder, const ModelSh
     detail::validate_config(c, folder.string());
     std::filesystem::create_directories(folder);
     std::ofstream config(folder / "config.json");
-    if (!config) detail::fail((folder / "config.json").string(), ": cannot create");
+    if (!config) fail((folder / "config.json").string(), ": cannot create");
     config << "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
            << "  \"hidden_size\": " << c.dim << ",\n  \"intermediate_size\": " << c.ffn_dim << ",\n"
            << "  \"num_hidden_layers\": " << c.n_layers << ",\n  \"num_attention_heads\": " << c.n_heads << ",\n"

@@ -53,13 +53,13 @@ namespace {
 
 void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
     if (status != cudaSuccess)
-        detail::fail("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") in ", call, " at ",
+        fail("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") in ", call, " at ",
                      file, ":", line);
 }
 
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS)
-        detail::fail("cuBLAS error ", static_cast<int>(status), " in ", call, " at ", file, ":", line);
+        fail("cuBLAS error ", static_cast<int>(status), " in ", call, " at ", file, ":", line);
 }
 
 #define INFER_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
@@ -673,7 +673,7 @@ public:
         m.K = static_cast<int>(parts.begin()[0]->cols());
         m.bf16 = true;
         for (const Tensor* t : parts) {
-            if (t->cols() != m.K) detail::fail("cuda: cannot stack ", t->name, " (", t->cols(), " columns, not ", m.K, ")");
+            if (t->cols() != m.K) fail("cuda: cannot stack ", t->name, " (", t->cols(), " columns, not ", m.K, ")");
             m.N += static_cast<int>(t->rows());
             m.bf16 = m.bf16 && t->dtype == DType::BF16;
         }
@@ -760,7 +760,7 @@ int device_sm_count(int device) {
 // Launches matvec for T ≤ 8 rows (groups of 8 rows for more: the invariant path).
 void launch_matvec(const DeviceMatrix& m, const float* x, int T, const float* bias, float* out, cudaStream_t stream) {
     if (m.K % 8 == 0 && (reinterpret_cast<uintptr_t>(m.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0))
-        detail::fail("cuda matvec: buffers are not 16-byte aligned");
+        fail("cuda matvec: buffers are not 16-byte aligned");
     const int rows_per_block = 4 / m.warps_per_row;
     const dim3 grid(blocks_for(static_cast<size_t>(m.N), rows_per_block));
     for (int t0 = 0; t0 < T; t0 += 8) {
@@ -802,7 +802,7 @@ void run_matmul(MatmulContext& ctx, Path path, const DeviceMatrix& m, const floa
     }
     const size_t n = static_cast<size_t>(T) * m.K;
     if (m.bf16) {
-        if (ctx.x_bf16.size() < n) detail::fail("cuda: bf16 activation buffer too small (", ctx.x_bf16.size(), " < ", n, ")");
+        if (ctx.x_bf16.size() < n) fail("cuda: bf16 activation buffer too small (", ctx.x_bf16.size(), " < ", n, ")");
         to_bf16<<<blocks_for(n, 256), 256, 0, ctx.stream>>>(x, ctx.x_bf16.get(), n);
         INFER_LAUNCH_CHECK();
     }
@@ -851,7 +851,7 @@ bool device_available(std::string* why) {
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0) {
         if (why)
-            *why = status != cudaSuccess ? detail::concat("no usable CUDA device (", cudaGetErrorString(status), ")")
+            *why = status != cudaSuccess ? concat("no usable CUDA device (", cudaGetErrorString(status), ")")
                                          : std::string("no CUDA device");
         cudaGetLastError();  // clear the sticky error for later calls
         return false;
@@ -879,7 +879,7 @@ double seconds_on_device(int repeats, Launch&& launch) {
 std::string device_description(int device) {
     cudaDeviceProp prop{};
     INFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    return detail::concat(prop.name, ", ", prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 30, " GiB, sm_",
+    return concat(prop.name, ", ", prop.multiProcessorCount, " SMs, ", prop.totalGlobalMem >> 30, " GiB, sm_",
                           prop.major, prop.minor);
 }
 
@@ -972,8 +972,8 @@ ForwardPass::ForwardPass(const Model& model, CudaOptions options) : state_(std::
     State& s = *state_;
     const ModelConfig& c = model.config;
     std::string why;
-    if (!device_available(&why)) detail::fail("--device cuda: ", why);
-    if (c.head_dim > kMaxHeadDim) detail::fail("cuda: head size ", c.head_dim, " is above the kernels' limit of ", kMaxHeadDim);
+    if (!device_available(&why)) fail("--device cuda: ", why);
+    if (c.head_dim > kMaxHeadDim) fail("cuda: head size ", c.head_dim, " is above the kernels' limit of ", kMaxHeadDim);
     INFER_CUDA_CHECK(cudaSetDevice(options.device));
     s.sm_count = device_sm_count(options.device);
     s.weights = DeviceWeights(s.sm_count);
@@ -1146,7 +1146,7 @@ std::span<const float> ForwardPass::forward(const Batch& batch, KVCache& cache) 
     if (T == 0) return {};
     if (batch.positions.size() != batch.tokens.size() || batch.sequences.size() != batch.tokens.size() ||
         batch.wants_logits.size() != batch.tokens.size())
-        detail::fail("batch: tokens, positions, sequences and wants_logits differ in length");
+        fail("batch: tokens, positions, sequences and wants_logits differ in length");
     const int half = c.head_dim / 2, B = cache.block_size();
     INFER_CUDA_CHECK(cudaSetDevice(s.options.device));
     ensure_pool(s, cache);
@@ -1164,17 +1164,17 @@ std::span<const float> ForwardPass::forward(const Batch& batch, KVCache& cache) 
     for (int t = 0; t < T; ++t) {
         const int token = batch.tokens[t], position = batch.positions[t];
         if (token < 0 || token >= c.vocab_size)
-            detail::fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
+            fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
         if (position < 0 || position >= c.context_length)
-            detail::fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
+            fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
         const std::vector<int>& table = cache.block_table(batch.sequences[t]);
         if (static_cast<size_t>(position / B) >= table.size())
-            detail::fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
+            fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
         s.h_slots[t] = table[position / B] * B + position % B;
         auto [found, added] = sequence_index.try_emplace(batch.sequences[t], static_cast<int>(sequence_index.size()));
         if (added) {
             if (static_cast<int>(table.size()) > s.table_stride)
-                detail::fail("cuda: sequence ", batch.sequences[t], " holds ", table.size(), " blocks, above ", s.table_stride);
+                fail("cuda: sequence ", batch.sequences[t], " holds ", table.size(), " blocks, above ", s.table_stride);
             s.h_tables.insert(s.h_tables.end(), table.begin(), table.end());
             s.h_tables.resize(static_cast<size_t>(sequence_index.size()) * s.table_stride, 0);
         }
@@ -1401,7 +1401,7 @@ std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, 
     DeviceBuffer<float> out(q.size()), part_acc(static_cast<size_t>(T) * H * kSplits * Dh), part_ml(static_cast<size_t>(T) * H * kSplits * 2);
     const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
     if (prefill_kernel) {
-        if (Dh > kPrefillMaxHeadDim) detail::fail("cuda prefill attention: head size ", Dh, " above ", kPrefillMaxHeadDim);
+        if (Dh > kPrefillMaxHeadDim) fail("cuda prefill attention: head size ", Dh, " above ", kPrefillMaxHeadDim);
         attention_prefill<<<dim3(static_cast<unsigned>(tiles.size()), H), 128>>>(dq.get(), static_cast<size_t>(H) * Dh, dk.get(), dv.get(), dt.get(), stride, ds.get(),
                                                                                   dp.get(), dtiles.get(), H, Hkv, Dh, B,
                                                                                   c.sliding_window, scale, out.get());

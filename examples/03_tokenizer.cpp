@@ -31,7 +31,7 @@ std::string mixed_text(const std::filesystem::path& dir, size_t bytes) {
         std::string line;
         while (std::getline(cases, line)) sample += infer::Json::parse(line).at("text").as_string() + "\n";
     }
-    if (sample.empty()) infer::detail::fail(dir.string(), ": no cases.jsonl texts to build the speed-test text from");
+    if (sample.empty()) infer::fail(dir.string(), ": no cases.jsonl texts to build the speed-test text from");
     std::string text;
     while (text.size() < bytes) text += sample;
     return text;
@@ -60,7 +60,7 @@ double decode_step_ms(const infer::Model& model, infer::ThreadPool& pool) {
 int main(int argc, char** argv) try {
     CommandLine line(argc, argv, 1, {"--tokenizers", "-m", "--megabytes", "-t"}, {},
                      "usage: 03_tokenizer --tokenizers DIR [-m MODEL] [--megabytes N] [-t THREADS]\n");
-    if (!line.has("--tokenizers")) infer::detail::fail("03_tokenizer needs --tokenizers DIR (e.g. ../shared/tokenizers)");
+    if (!line.has("--tokenizers")) infer::fail("03_tokenizer needs --tokenizers DIR (e.g. ../shared/tokenizers)");
     const std::filesystem::path dir = line.text("--tokenizers");
     const size_t megabytes = static_cast<size_t>(line.integer("--megabytes", 1, 1, 1024));
     infer::Tokenizer llama2 = infer::load_tokenizer(dir / "llama2");

@@ -3,7 +3,7 @@
 //
 //   07_hardware [-m PATH] [--quick] [-t THREADS] [--svg FILE]
 //
-// Measures the memory bandwidth (a streaming read of a buffer far larger than the caches, examples/measure.hpp) and
+// Measures the memory bandwidth (a streaming read of a buffer far larger than the caches, tools/measure.hpp) and
 // the peak FLOP/s (independent chains of fused multiply-adds on every thread), then times prefill passes of growing
 // length and decode passes of growing batch through ForwardPass. Each pass reads every weight once, so its
 // arithmetic intensity (FLOPs per byte read) grows with the tokens in it: decode at batch 1 does 2 FLOPs per f32

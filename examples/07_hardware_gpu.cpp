@@ -44,7 +44,7 @@ Options parse_options(int argc, char** argv) {
         std::stringstream list(line.text("--batches"));
         for (std::string item; std::getline(list, item, ',');) {
             int value = std::atoi(item.c_str());
-            if (value <= 0) infer::detail::fail("--batches: '", item, "' is not a positive batch size");
+            if (value <= 0) infer::fail("--batches: '", item, "' is not a positive batch size");
             options.batches.push_back(value);
         }
     }
@@ -109,7 +109,7 @@ int run(const Options& options) {
     const int largest = *std::max_element(options.batches.begin(), options.batches.end());
     const int per_sequence = options.context + options.steps + 8;
     if (per_sequence > c.context_length || options.prefill_tokens > c.context_length)
-        infer::detail::fail("--context + --steps (", per_sequence, ") and --prefill-tokens (", options.prefill_tokens,
+        infer::fail("--context + --steps (", per_sequence, ") and --prefill-tokens (", options.prefill_tokens,
                             ") must fit the model's context of ", c.context_length, " tokens");
     const int block = 16;
     const int blocks = (largest * ((per_sequence + block - 1) / block)) + (options.prefill_tokens + block - 1) / block + 1;
@@ -121,7 +121,7 @@ int run(const Options& options) {
     infer::cuda::ForwardPass forward(model);
     for (int batch_size : options.batches) {
         for (int s = 0; s < batch_size; ++s) {
-            if (!cache.reserve(s, per_sequence)) infer::detail::fail("KV pool too small for batch ", batch_size);
+            if (!cache.reserve(s, per_sequence)) infer::fail("KV pool too small for batch ", batch_size);
             prefill(forward, cache, s, 0, options.context, c.vocab_size);
         }
         infer::Batch batch;
@@ -154,7 +154,7 @@ int run(const Options& options) {
         double best = 1e30;
         for (int run = 0; run < 3; ++run) {
             const int sequence = 1000 + run;
-            if (!cache.reserve(sequence, options.prefill_tokens)) infer::detail::fail("KV pool too small for the prefill");
+            if (!cache.reserve(sequence, options.prefill_tokens)) infer::fail("KV pool too small for the prefill");
             infer::Batch batch;
             for (int p = 0; p < options.prefill_tokens; ++p) batch.add(p * 7919 % c.vocab_size, p, sequence, p == options.prefill_tokens - 1);
             infer::Stopwatch clock;

@@ -5,7 +5,7 @@
 //      completeness, rejecting (429) keeps the admitted requests fast and tells the others at once.
 //
 //   08_serving --infer build/infer [-m MODEL] [--max-seqs 4] [--tokens 64]
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "command_line.hpp"
 #include "serving_client.hpp"
 
@@ -51,7 +51,7 @@ void burst(const CommandLine& options, int max_queue, const nlohmann::json& body
 int main(int argc, char** argv) {
     try {
         CommandLine options(argc, argv, 1, {"--infer", "-m", "--max-seqs", "--tokens", "-t"}, {}, usage);
-        if (!options.has("--infer")) infer::detail::fail("08_serving needs --infer PATH (the infer program to start)");
+        if (!options.has("--infer")) infer::fail("08_serving needs --infer PATH (the infer program to start)");
         const int tokens = static_cast<int>(options.integer("--tokens", 64, 1, 100000));
         const nlohmann::json body = {{"prompt", "Once upon a time, there was a little girl who"}, {"max_tokens", tokens},
                                      {"temperature", 0}, {"ignore_eos", true}};

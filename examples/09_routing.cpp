@@ -6,7 +6,7 @@
 //
 //   09_routing --infer build/infer [-m MODEL] [--instances 2] [--groups 4] [--per-group 8] [--concurrency 4]
 //              [--kv-blocks B]   (a pool too small for every prefix on every instance: where routing matters most)
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "command_line.hpp"
 #include "serving_client.hpp"
 
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     try {
         CommandLine options(argc, argv, 1, {"--infer", "-m", "--instances", "--groups", "--per-group", "--concurrency",
                                             "--prefix-chars", "--kv-blocks", "-t"}, {}, usage);
-        if (!options.has("--infer")) infer::detail::fail("09_routing needs --infer PATH (the infer program to start)");
+        if (!options.has("--infer")) infer::fail("09_routing needs --infer PATH (the infer program to start)");
         const int instances = static_cast<int>(options.integer("--instances", 2, 1, 64));
         const int groups = static_cast<int>(options.integer("--groups", 4, 1, 64));
         const int per_group = static_cast<int>(options.integer("--per-group", 8, 1, 1000));
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
             client::run_concurrently(static_cast<int>(prompts.size()), concurrency, [&](int i) {
                 client::Timed t = client::stream_completion(
                     server.port(), {{"prompt", prompts[static_cast<size_t>(i)]}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});
-                if (t.status != 200) infer::detail::fail("request ", i, " got HTTP ", t.status);
+                if (t.status != 200) infer::fail("request ", i, " got HTTP ", t.status);
                 ttft[static_cast<size_t>(i)] = t.ttft * 1e3;
             });
             const double seconds = wall.seconds();

@@ -2,7 +2,7 @@
 // running the infer program.
 #pragma once
 
-#include "../infer.hpp"
+#include "infer.hpp"
 
 #include <doctest/doctest.h>
 

@@ -4,13 +4,13 @@
 // Deterministic: no assertion depends on how fast anything ran.
 #include "support.hpp"
 
-#include "../examples/bench.hpp"
+#include "bench.hpp"
 
 #include <atomic>
 #include <thread>
 
 #ifdef INFER_BENCH_HTTP
-#include "../examples/serving_client.hpp"
+#include "serving_client.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>

@@ -1,9 +1,9 @@
-// Chat templates: the Jinja interpreter in examples/chat_template.hpp against Hugging Face's renderings in
+// Chat templates: the Jinja interpreter in chat_template.hpp against Hugging Face's renderings in
 // ../shared/chat (Python Jinja2 3.1.6 configured as transformers does), plus unit tests of the interpreter whose
 // expected strings were produced by that same Jinja2 configuration.
 #include "support.hpp"
 
-#include "../examples/chat_template.hpp"
+#include "chat_template.hpp"
 
 namespace {
 

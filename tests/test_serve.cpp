@@ -4,8 +4,8 @@
 // a request to still be running, it uses one of 1000 tokens and acts on its first chunk.
 #include "support.hpp"
 
-#include "../examples/server.hpp"
-#include "../examples/serving_client.hpp"
+#include "server.hpp"
+#include "serving_client.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>

@@ -11,7 +11,7 @@
 //                        [--bandwidth-mib M] [-t N] [--svg DIR]
 //
 // Built without cpp-httplib/nlohmann-json (INFER_BENCH_HTTP undefined), `bench serve` says which packages it needs.
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "bench.hpp"
 #include "command_line.hpp"
 
@@ -68,7 +68,7 @@ int threads_option(const CommandLine& options) { return static_cast<int>(options
 void make_folder(const std::string& dir) {
     std::error_code error;
     std::filesystem::create_directories(dir, error);
-    if (error) infer::detail::fail("option --svg: cannot create ", dir, ": ", error.message());
+    if (error) infer::fail("option --svg: cannot create ", dir, ": ", error.message());
 }
 
 std::string rate_text(double rate) {
@@ -81,7 +81,7 @@ std::string rate_text(double rate) {
 // ---- bench engine ---------------------------------------------------------------------------------------------------
 
 int run_engine_bench(const CommandLine& options) {
-    if (!options.has("-m")) infer::detail::fail("infer bench engine needs -m PATH");
+    if (!options.has("-m")) infer::fail("infer bench engine needs -m PATH");
     std::vector<int> batches = bench::parse_int_list("--batch", options.text("--batch", "1,4,16"));
     std::vector<int> inputs = bench::parse_int_list("--input-len", options.text("--input-len", "128"));
     std::vector<int> outputs = bench::parse_int_list("--output-len", options.text("--output-len", "128"));
@@ -91,7 +91,7 @@ int run_engine_bench(const CommandLine& options) {
     for (int i : inputs)
         for (int o : outputs)
             if (i + o > model.config.context_length)
-                infer::detail::fail("--input-len ", i, " + --output-len ", o, " exceed the model's context of ",
+                infer::fail("--input-len ", i, " + --output-len ", o, " exceed the model's context of ",
                                     model.config.context_length, " tokens");
     std::printf("engine benchmark: %s, %d threads, greedy, ignore_eos, all requests added at once\n\n",
                 model.source.c_str(), pool.size());
@@ -125,7 +125,7 @@ int run_engine_bench(const CommandLine& options) {
 // ---- bench roofline -------------------------------------------------------------------------------------------------
 
 int run_roofline_bench(const CommandLine& options) {
-    if (!options.has("-m")) infer::detail::fail("infer bench roofline needs -m PATH");
+    if (!options.has("-m")) infer::fail("infer bench roofline needs -m PATH");
     bench::RooflineOptions ro;
     if (options.has("--prefill")) ro.prefill_tokens = bench::parse_int_list("--prefill", options.text("--prefill"));
     if (options.has("--decode-batch")) ro.decode_batches = bench::parse_int_list("--decode-batch", options.text("--decode-batch"));
@@ -416,22 +416,22 @@ std::string first_model(const std::string& url) {
 
 int run_serve_bench(const CommandLine& options) {
     ServeOptions o;
-    if (!options.has("--url")) infer::detail::fail("infer bench serve needs --url URL (e.g. http://127.0.0.1:8000)");
+    if (!options.has("--url")) infer::fail("infer bench serve needs --url URL (e.g. http://127.0.0.1:8000)");
     o.url = options.text("--url");
     if (o.url.rfind("http://", 0) != 0 && o.url.rfind("https://", 0) != 0)
-        infer::detail::fail("option --url: \"", o.url, "\" is not an http:// URL (e.g. http://127.0.0.1:8000)");
+        infer::fail("option --url: \"", o.url, "\" is not an http:// URL (e.g. http://127.0.0.1:8000)");
     while (!o.url.empty() && o.url.back() == '/') o.url.pop_back();
     o.endpoint = options.text("--endpoint", o.endpoint);
     o.rates = bench::parse_rates(options.text("--rate", "inf"));
     o.burstiness = options.number("--burstiness", 1.0);
-    if (!(o.burstiness > 0)) infer::detail::fail("option --burstiness: must be positive, found ", o.burstiness);
+    if (!(o.burstiness > 0)) infer::fail("option --burstiness: must be positive, found ", o.burstiness);
     o.concurrency = static_cast<int>(options.integer("--concurrency", 0, 0, 100000));
     o.num_prompts = static_cast<int>(options.integer("--num-prompts", 100, 1, 10'000'000));
     o.warmup = static_cast<int>(options.integer("--warmup", 0, 0, 100000));
     o.seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
     if (options.has("--slo")) o.slo = bench::parse_slo(options.text("--slo"));
     o.timeout = options.number("--timeout", 600);
-    if (!(o.timeout > 0)) infer::detail::fail("option --timeout: must be positive seconds");
+    if (!(o.timeout > 0)) infer::fail("option --timeout: must be positive seconds");
     o.progress = !options.has("--no-progress");
 
     const std::string dataset = options.text("--dataset", options.text("--dataset-name", "random"));
@@ -454,10 +454,10 @@ int run_serve_bench(const CommandLine& options) {
                                                output_len, vocab, o.seed);
     } else if (dataset == "jsonl") {
         std::string path = options.text("--dataset-path");
-        if (path.empty()) infer::detail::fail("--dataset jsonl needs --dataset-path FILE");
+        if (path.empty()) infer::fail("--dataset jsonl needs --dataset-path FILE");
         prompts = bench::jsonl_dataset(path, total, output_len);
     } else {
-        infer::detail::fail("option --dataset: unknown dataset \"", dataset, "\" (random, shared-prefix or jsonl)");
+        infer::fail("option --dataset: unknown dataset \"", dataset, "\" (random, shared-prefix or jsonl)");
     }
     if (tokenizer)  // vLLM's way: the ids become text, which the server tokenizes again (so tokenize shows up)
         for (bench::Prompt& p : prompts)
@@ -469,7 +469,7 @@ int run_serve_bench(const CommandLine& options) {
     prompts.erase(prompts.begin(), prompts.begin() + o.warmup);
     for (size_t i = 0; i < warmups.size(); ++i) {
         bench::RequestRecord r = send_request(o, warmups[i], Clock::now());
-        if (!r.success) infer::detail::fail("warm-up request failed: ", r.error);
+        if (!r.success) infer::fail("warm-up request failed: ", r.error);
     }
 
     json report = {{"config", {{"url", o.url}, {"endpoint", o.endpoint}, {"model", o.model}, {"dataset", dataset},
@@ -532,17 +532,17 @@ int run_serve_bench(const CommandLine& options) {
     }
     if (options.has("--json")) {
         std::ofstream file(options.text("--json"));
-        if (!file) infer::detail::fail("option --json: cannot write ", options.text("--json"));
+        if (!file) infer::fail("option --json: cannot write ", options.text("--json"));
         file << report.dump(2) << "\n";
     }
-    if (completed_total == 0) infer::detail::fail("no request completed; the first error: ", first_error);
+    if (completed_total == 0) infer::fail("no request completed; the first error: ", first_error);
     return 0;
 }
 
 #else
 
 int run_serve_bench(const CommandLine&) {
-    infer::detail::fail("infer bench serve was built without its HTTP client: install cpp-httplib and nlohmann-json "
+    infer::fail("infer bench serve was built without its HTTP client: install cpp-httplib and nlohmann-json "
                         "(Debian: apt-get install libcpp-httplib-dev nlohmann-json3-dev) and rebuild");
     return 1;
 }
@@ -571,7 +571,7 @@ int run_bench(int argc, char** argv) {
         std::cout << bench_usage;
         return 0;
     }
-    infer::detail::fail(what.empty() ? std::string("infer bench needs serve, engine or roofline") : "unknown bench \"" + what + "\"",
+    infer::fail(what.empty() ? std::string("infer bench needs serve, engine or roofline") : "unknown bench \"" + what + "\"",
                         "\n", bench_usage);
     return 1;
 }

@@ -5,7 +5,7 @@
 // serve.cpp) and the proxy (`infer route`, route.cpp) put cpp-httplib around it.  (chapters 08 and 09)
 #pragma once
 
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "chat_template.hpp"
 
 #include <atomic>
@@ -88,12 +88,12 @@ inline std::string chat_template_source(const std::string& choice, const infer::
     if (!choice.empty()) {
         if (const char* builtin = chat::builtin_template(choice)) return builtin;
         if (!std::filesystem::is_regular_file(choice))
-            infer::detail::fail("--chat-template ", choice,
+            infer::fail("--chat-template ", choice,
                                 ": neither a built-in template (chatml, llama3, llama2) nor a readable file");
         return infer::read_text_file(choice);
     }
     if (tokenizer.chat_template().empty())
-        infer::detail::fail(tokenizer.source(), " has no chat template (no chat_template in its tokenizer_config.json or "
+        infer::fail(tokenizer.source(), " has no chat template (no chat_template in its tokenizer_config.json or "
                             "GGUF metadata); choose one with --chat-template chatml|llama3|llama2|FILE");
     return tokenizer.chat_template();
 }
@@ -115,20 +115,20 @@ namespace detail {
 inline double number(const infer::Json& body, const char* name, double fallback) {
     const infer::Json* value = body.find(name);
     if (!value || value->is_null()) return fallback;
-    if (!value->is_number()) bad(name, infer::detail::concat("body field \"", name, "\" must be a number"));
+    if (!value->is_number()) bad(name, infer::concat("body field \"", name, "\" must be a number"));
     return value->as_number();
 }
 
 inline bool flag(const infer::Json& body, const char* name, bool fallback) {
     const infer::Json* value = body.find(name);
     if (!value || value->is_null()) return fallback;
-    if (!value->is_bool()) bad(name, infer::detail::concat("body field \"", name, "\" must be true or false"));
+    if (!value->is_bool()) bad(name, infer::concat("body field \"", name, "\" must be true or false"));
     return value->as_bool();
 }
 
 inline int whole(double value, const char* name, double low, double high) {
     if (!(value >= low && value <= high) || value != std::floor(value))
-        bad(name, infer::detail::concat("body field \"", name, "\" must be a whole number in [", low, ", ", high, "], found ", value));
+        bad(name, infer::concat("body field \"", name, "\" must be a whole number in [", low, ", ", high, "], found ", value));
     return static_cast<int>(value);
 }
 
@@ -191,7 +191,7 @@ inline CompletionRequest parse_request(const infer::Json& body, bool chat, const
             for (const infer::Json& id : prompt->as_array()) {
                 if (!id.is_number() || id.as_number() != std::floor(id.as_number()) || id.as_number() < 0 ||
                     id.as_number() >= model.config.vocab_size)
-                    bad("prompt", infer::detail::concat("\"prompt\" holds a value that is not a token id of this vocabulary (",
+                    bad("prompt", infer::concat("\"prompt\" holds a value that is not a token id of this vocabulary (",
                                                         model.config.vocab_size, " tokens)"));
                 r.prompt.push_back(static_cast<int>(id.as_int()));
             }
@@ -251,13 +251,13 @@ inline void check_fits(CompletionRequest& r, int context_length, int pool_tokens
     const int limit = std::min(context_length, pool_tokens);
     if (!r.max_tokens_given) r.params.max_tokens = std::max(0, std::min(r.params.max_tokens, limit - prompt));
     if (prompt + r.params.max_tokens > context_length)
-        throw HttpError(400, infer::detail::concat("This model's maximum context length is ", context_length,
+        throw HttpError(400, infer::concat("This model's maximum context length is ", context_length,
                                                    " tokens. However, you requested ", prompt + r.params.max_tokens,
                                                    " tokens (", prompt, " in the messages, ", r.params.max_tokens,
                                                    " in the completion). Please reduce the length of the messages or completion."),
                         "max_tokens");
     if (prompt + r.params.max_tokens > pool_tokens)
-        throw HttpError(400, infer::detail::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
+        throw HttpError(400, infer::concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
                                                    ") exceed the KV cache of one instance (", pool_tokens, " tokens)"),
                         "max_tokens");
 }
@@ -325,7 +325,7 @@ inline std::string byte_list(std::string_view text) {
 inline std::string logprobs_json(const ResponseHead& head, std::span<const infer::TokenLogprob> logprobs, bool asked,
                                  size_t offset = 0) {
     if (!asked) return "null";
-    auto number = [](float value) { return infer::detail::concat(value); };
+    auto number = [](float value) { return infer::concat(value); };
     if (head.chat) {
         std::string out = "{\"content\":[";
         for (size_t i = 0; i < logprobs.size(); ++i) {
@@ -369,7 +369,7 @@ inline std::string usage_json(std::span<const infer::RequestResult> results) {
     const size_t prompt = results.front().prompt_ids.size();
     size_t completion = 0;
     for (const infer::RequestResult& r : results) completion += r.generated_ids.size();
-    return infer::detail::concat("{\"prompt_tokens\":", prompt, ",\"completion_tokens\":", completion,
+    return infer::concat("{\"prompt_tokens\":", prompt, ",\"completion_tokens\":", completion,
                                  ",\"total_tokens\":", prompt + completion,
                                  ",\"prompt_tokens_details\":{\"cached_tokens\":", results.front().cached_tokens, "}}");
 }
@@ -535,7 +535,7 @@ inline std::map<std::string, double> parse_prometheus(std::string_view text) {
         text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
         if (line.empty() || line[0] == '#') continue;
         size_t space = line.rfind(' ');
-        if (space == std::string_view::npos) infer::detail::fail("metrics line ", line_number, ": no value: ", line);
+        if (space == std::string_view::npos) infer::fail("metrics line ", line_number, ": no value: ", line);
         std::string value(line.substr(space + 1));
         size_t used = 0;
         double number = 0;
@@ -545,14 +545,14 @@ inline std::map<std::string, double> parse_prometheus(std::string_view text) {
         } catch (const std::exception&) {
             used = 0;
         }
-        if (used != value.size()) infer::detail::fail("metrics line ", line_number, ": \"", value, "\" is not a number");
+        if (used != value.size()) infer::fail("metrics line ", line_number, ": \"", value, "\" is not a number");
         std::string_view name = line.substr(0, space);
         size_t brace = name.find('{');
         std::string_view bare = name.substr(0, brace);
         if (bare.empty() || bare.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:") != std::string_view::npos)
-            infer::detail::fail("metrics line ", line_number, ": \"", bare, "\" is not a metric name");
+            infer::fail("metrics line ", line_number, ": \"", bare, "\" is not a metric name");
         if (brace != std::string_view::npos && name.back() != '}')
-            infer::detail::fail("metrics line ", line_number, ": unterminated labels");
+            infer::fail("metrics line ", line_number, ": unterminated labels");
         samples[std::string(name)] = number;
     }
     return samples;
@@ -590,7 +590,7 @@ inline RoutePolicy parse_route_policy(const std::string& name) {
     if (name == "round-robin") return RoutePolicy::RoundRobin;
     if (name == "least-loaded") return RoutePolicy::LeastLoaded;
     if (name == "prefix") return RoutePolicy::Prefix;
-    infer::detail::fail("routing policy \"", name, "\" is not one of round-robin, least-loaded, prefix");
+    infer::fail("routing policy \"", name, "\" is not one of round-robin, least-loaded, prefix");
 }
 
 inline const char* route_policy_name(RoutePolicy policy) {

@@ -3,7 +3,7 @@
 // for the load), forwards it unchanged and passes the answer back byte for byte as it arrives, so streams stay
 // streams. A health checker asks each upstream's /health; one that fails is ejected, one that answers again is
 // readmitted. A request whose upstream cannot be reached before anything was sent goes to the next one.
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "command_line.hpp"
 #include "server.hpp"
 
@@ -59,24 +59,24 @@ public:
         port_ = static_cast<int>(options.integer("--port", 8000, 0, 65535));
         router_ = Router(RouterConfig{.policy = parse_route_policy(options.text("--policy", "round-robin"))});
         interval_ = options.number("--health-interval", 1.0);
-        if (!(interval_ > 0)) infer::detail::fail("option --health-interval: must be > 0 seconds");
+        if (!(interval_ > 0)) infer::fail("option --health-interval: must be > 0 seconds");
         http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
-        if (upstreams.empty()) infer::detail::fail("infer route needs at least one --upstream URL");
+        if (upstreams.empty()) infer::fail("infer route needs at least one --upstream URL");
         for (const std::string& url : upstreams) {
             auto upstream = std::make_unique<Upstream>();
             upstream->url = url;
             std::string rest = url;
             if (rest.starts_with("http://")) rest = rest.substr(7);
             else if (rest.find("://") != std::string::npos)
-                infer::detail::fail("--upstream ", url, ": only http:// upstreams are supported");
+                infer::fail("--upstream ", url, ": only http:// upstreams are supported");
             while (!rest.empty() && rest.back() == '/') rest.pop_back();
             size_t colon = rest.rfind(':');
-            if (colon == std::string::npos) infer::detail::fail("--upstream ", url, ": needs a port, like http://127.0.0.1:8081");
+            if (colon == std::string::npos) infer::fail("--upstream ", url, ": needs a port, like http://127.0.0.1:8081");
             upstream->host = rest.substr(0, colon);
             try {
                 upstream->port = std::stoi(rest.substr(colon + 1));
             } catch (const std::exception&) {
-                infer::detail::fail("--upstream ", url, ": \"", rest.substr(colon + 1), "\" is not a port");
+                infer::fail("--upstream ", url, ": \"", rest.substr(colon + 1), "\" is not a port");
             }
             upstreams_.push_back(std::move(upstream));
         }
@@ -87,7 +87,7 @@ public:
         std::signal(SIGTERM, on_route_signal);
         std::signal(SIGINT, on_route_signal);
         routes();
-        if (!http_.bind_to_port(host_.c_str(), port_)) infer::detail::fail("infer route: cannot listen on ", host_, ":", port_);
+        if (!http_.bind_to_port(host_.c_str(), port_)) infer::fail("infer route: cannot listen on ", host_, ":", port_);
         std::thread checker([&] { check_health(); });
         std::cerr << "infer route: http://" << host_ << ':' << port_ << " -> " << upstreams_.size() << " upstreams, policy "
                   << route_policy_name(router_.config().policy) << std::endl;
@@ -299,7 +299,7 @@ int run_route(int argc, char** argv) {
     std::vector<char*> rest(argv, argv + 2);
     for (int i = 2; i < argc; ++i) {
         if (std::string(argv[i]) == "--upstream") {
-            if (i + 1 >= argc) infer::detail::fail("option --upstream needs a value");
+            if (i + 1 >= argc) infer::fail("option --upstream needs a value");
             upstreams.push_back(argv[++i]);
         } else {
             rest.push_back(argv[i]);

@@ -5,7 +5,7 @@
 // it step by step and hands each step's events to the request's Pending box, and the HTTP thread writes them out:
 // as SSE chunks when streaming, as one body when not. The HTTP thread polls its socket while it waits, so a client
 // that goes away cancels its request within one engine step, and its KV blocks go back to the pool.
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "command_line.hpp"
 #include "server.hpp"
 
@@ -75,7 +75,7 @@ public:
         std::signal(SIGTERM, on_signal);
         std::signal(SIGINT, on_signal);
         routes();
-        if (!http_.bind_to_port(host_.c_str(), port_)) infer::detail::fail("infer serve: cannot listen on ", host_, ":", port_);
+        if (!http_.bind_to_port(host_.c_str(), port_)) infer::fail("infer serve: cannot listen on ", host_, ":", port_);
         // Listen before loading: while the weights load, /health and the API answer 503 (as vLLM's server does).
         std::thread listener([&] { http_.listen_after_bind(); });
         std::thread watcher([&] { watch_signals(); });
@@ -164,7 +164,7 @@ private:
         http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
             if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
             std::string message = res.status == 404   ? "Not Found: no route " + req.method + " " + req.path
-                                  : res.status == 413 ? infer::detail::concat("the request body is larger than the limit of ",
+                                  : res.status == 413 ? infer::concat("the request body is larger than the limit of ",
                                                                               max_body_, " bytes (--max-body)")
                                                       : "HTTP error " + std::to_string(res.status);
             res.set_content(error_body(res.status, message), "application/json");
@@ -271,7 +271,7 @@ private:
         });
         if (!id) {
             --in_flight_;
-            return fail(req, res, 429, infer::detail::concat("the server is at capacity: instance ", chosen, " already has ",
+            return fail(req, res, 429, infer::concat("the server is at capacity: instance ", chosen, " already has ",
                                                              limits_.max_waiting_requests, " requests waiting (--max-queue); retry later"));
         }
         instance.requests += 1;

@@ -20,7 +20,7 @@ inline double parse_number(const std::string& option, const std::string& text, c
     } catch (const std::exception&) {
         used = 0;
     }
-    if (text.empty() || used != text.size()) infer::detail::fail("option ", option, ": \"", text, "\" is not ", what);
+    if (text.empty() || used != text.size()) infer::fail("option ", option, ": \"", text, "\" is not ", what);
     return value;
 }
 
@@ -39,10 +39,10 @@ public:
             if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
                 values_[name] = "1";
             } else if (std::find(with_value.begin(), with_value.end(), name) != with_value.end()) {
-                if (i + 1 >= argc) infer::detail::fail("option ", name, " needs a value");
+                if (i + 1 >= argc) infer::fail("option ", name, " needs a value");
                 values_[name] = argv[++i];
             } else {
-                infer::detail::fail("unknown option \"", name, "\"\n", usage);
+                infer::fail("unknown option \"", name, "\"\n", usage);
             }
         }
     }
@@ -66,9 +66,9 @@ public:
         } catch (const std::exception&) {
             used = 0;
         }
-        if (used != value.size() || value.empty()) infer::detail::fail("option ", name, ": \"", value, "\" is not an integer");
+        if (used != value.size() || value.empty()) infer::fail("option ", name, ": \"", value, "\" is not an integer");
         if (number < low || number > high)
-            infer::detail::fail("option ", name, ": ", number, " is out of range (", low, "..", high, ")");
+            infer::fail("option ", name, ": ", number, " is out of range (", low, "..", high, ")");
         return number;
     }
 
@@ -93,7 +93,7 @@ inline infer::EngineConfig engine_config(const CommandLine& options) {
     infer::EngineConfig config;
     const std::string policy = options.text("--policy", "continuous");
     if (policy == "static") config.scheduler.policy = infer::SchedulePolicy::Static;
-    else if (policy != "continuous") infer::detail::fail("option --policy: \"", policy, "\" is not continuous or static");
+    else if (policy != "continuous") infer::fail("option --policy: \"", policy, "\" is not continuous or static");
     config.scheduler.max_batch_tokens = static_cast<int>(options.integer("--max-batch-tokens", 512, 1, 1 << 20));
     config.scheduler.max_seqs = static_cast<int>(options.integer("--max-seqs", 64, 1, 1 << 16));
     config.block_size = static_cast<int>(options.integer("--block-size", 16, 1, 4096));

@@ -2,7 +2,7 @@
 // server as a process, wait for /health, send requests (streamed, to time the first token), read /metrics.
 #pragma once
 
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "server.hpp"
 
 #include <httplib.h>
@@ -23,7 +23,7 @@ inline int free_port() {
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) infer::detail::fail("no free port");
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) infer::fail("no free port");
     socklen_t size = sizeof address;
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
     ::close(fd);
@@ -36,7 +36,7 @@ inline pid_t spawn(std::vector<std::string> args, const std::string& log_path) {
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
     pid_t pid = ::fork();
-    if (pid < 0) infer::detail::fail("fork failed");
+    if (pid < 0) infer::fail("fork failed");
     if (pid == 0) {
         int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(fd, 1);
@@ -61,11 +61,11 @@ public:
             int status = 0;
             if (::waitpid(pid_, &status, WNOHANG) == pid_) {
                 pid_ = -1;
-                infer::detail::fail(infer, " serve exited before it was ready (see ", log_path, ")");
+                infer::fail(infer, " serve exited before it was ready (see ", log_path, ")");
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
-        infer::detail::fail(infer, " serve did not become ready in 60 s");
+        infer::fail(infer, " serve did not become ready in 60 s");
     }
     ServeProcess(const ServeProcess&) = delete;
     ~ServeProcess() {
@@ -133,7 +133,7 @@ inline Timed stream_completion(int port, const nlohmann::json& body) {
 inline std::map<std::string, double> scrape(int port) {
     httplib::Client http("127.0.0.1", port);
     auto answer = http.Get("/metrics");
-    if (!answer || answer->status != 200) infer::detail::fail("GET /metrics failed");
+    if (!answer || answer->status != 200) infer::fail("GET /metrics failed");
     return serve::parse_prometheus(answer->body);
 }
 

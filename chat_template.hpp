@@ -37,7 +37,7 @@
 
 #pragma once
 
-#include "../infer.hpp"
+#include "infer.hpp"
 
 #include <charconv>
 #include <ctime>
@@ -49,7 +49,7 @@
 namespace chat {
 namespace detail {
 
-using infer::detail::concat;
+using infer::concat;
 
 // Template errors carry the template line, so a broken template points at its own text.
 template <class... Parts>

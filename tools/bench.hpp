@@ -3,7 +3,7 @@
 // p99; throughput and goodput under an SLO), the knee of a rate sweep, the datasets and arrival processes of a load
 // generator, the per-layer breakdown table a server's `infer_timing` adds up to, an in-process engine benchmark, the
 // roofline probes (memory bandwidth, peak FLOP/s, a forward pass's achieved figures) and a small SVG chart writer.
-// Standard library and infer.hpp only; `infer bench ...` (examples/bench.cpp) adds the HTTP client.  (chapter 07, 10)
+// Standard library and infer.hpp only; `infer bench ...` (tools/bench.cpp) adds the HTTP client.  (chapter 07, 10)
 //
 // Conventions, checked against vLLM's benchmarks/benchmark_serving.py (now `vllm bench serve`):
 //   TTFT  time from sending the request to the first chunk that carries a token.
@@ -50,7 +50,7 @@ namespace bench {
 // An empty list gives 0, as vLLM's `np.percentile(ttfts or 0, p)` does.
 inline double percentile(std::vector<double> values, double p) {
     if (values.empty()) return 0;
-    if (p < 0 || p > 100) infer::detail::fail("percentile ", p, " is outside 0..100");
+    if (p < 0 || p > 100) infer::fail("percentile ", p, " is outside 0..100");
     std::sort(values.begin(), values.end());
     const double rank = p / 100 * static_cast<double>(values.size() - 1);
     const size_t below = static_cast<size_t>(std::floor(rank));
@@ -134,14 +134,14 @@ struct Slo {
 // A finite number (command_line.hpp's parse_number also takes "inf" and "nan", which no bench option means).
 inline double parse_finite(const std::string& option, const std::string& text, const std::string& what) {
     const double value = parse_number(option, text, what);
-    if (!std::isfinite(value)) infer::detail::fail("option ", option, ": \"", text, "\" is not ", what);
+    if (!std::isfinite(value)) infer::fail("option ", option, ": \"", text, "\" is not ", what);
     return value;
 }
 
 // "ttft:500,tpot:50,e2e:2000" in milliseconds (vLLM's --goodput takes "ttft:500 tpot:50 e2el:2000": both spellings).
 inline Slo parse_slo(const std::string& text) {
     Slo slo;
-    if (text.empty()) infer::detail::fail("option --slo: empty; expected e.g. ttft:500,tpot:50,e2e:2000 (milliseconds)");
+    if (text.empty()) infer::fail("option --slo: empty; expected e.g. ttft:500,tpot:50,e2e:2000 (milliseconds)");
     std::string normalized = text;
     std::replace(normalized.begin(), normalized.end(), ' ', ',');
     std::stringstream in(normalized);
@@ -150,16 +150,16 @@ inline Slo parse_slo(const std::string& text) {
         if (item.empty()) continue;
         size_t colon = item.find(':');
         if (colon == std::string::npos)
-            infer::detail::fail("option --slo: \"", item, "\" is not NAME:MILLISECONDS (names: ttft, tpot, e2e)");
+            infer::fail("option --slo: \"", item, "\" is not NAME:MILLISECONDS (names: ttft, tpot, e2e)");
         std::string name = item.substr(0, colon);
         double ms = parse_finite("--slo", item.substr(colon + 1), "a number of milliseconds");
-        if (ms <= 0) infer::detail::fail("option --slo: ", name, " must be a positive number of milliseconds, found ", ms);
+        if (ms <= 0) infer::fail("option --slo: ", name, " must be a positive number of milliseconds, found ", ms);
         if (name == "ttft") slo.ttft_ms = ms;
         else if (name == "tpot") slo.tpot_ms = ms;
         else if (name == "e2e" || name == "e2el") slo.e2e_ms = ms;
-        else infer::detail::fail("option --slo: unknown metric \"", name, "\" (known: ttft, tpot, e2e)");
+        else infer::fail("option --slo: unknown metric \"", name, "\" (known: ttft, tpot, e2e)");
     }
-    if (slo.empty()) infer::detail::fail("option --slo: \"", text, "\" names no metric; expected e.g. ttft:500,tpot:50");
+    if (slo.empty()) infer::fail("option --slo: \"", text, "\" names no metric; expected e.g. ttft:500,tpot:50");
     return slo;
 }
 
@@ -180,10 +180,10 @@ inline std::vector<double> parse_rates(const std::string& text) {
     while (std::getline(in, item, ',')) {
         double rate = item == "inf" ? std::numeric_limits<double>::infinity()
                                     : parse_finite("--rate", item, "a request rate (requests/s, or inf)");
-        if (!(rate > 0)) infer::detail::fail("option --rate: ", item, " must be positive (requests/s, or inf)");
+        if (!(rate > 0)) infer::fail("option --rate: ", item, " must be positive (requests/s, or inf)");
         rates.push_back(rate);
     }
-    if (rates.empty()) infer::detail::fail("option --rate: empty; expected e.g. 4, inf or 1,2,4,8");
+    if (rates.empty()) infer::fail("option --rate: empty; expected e.g. 4, inf or 1,2,4,8");
     return rates;
 }
 
@@ -294,11 +294,11 @@ struct Prompt {
 // of the figures. Ids start at `first_id` to skip the special tokens (unk, bos, eos) at the bottom of most vocabularies.
 inline std::vector<Prompt> random_dataset(int count, int input_len, int output_len, double range_ratio, int vocab_size,
                                           uint64_t seed, int first_id = 3) {
-    if (count <= 0) infer::detail::fail("--num-prompts must be positive, found ", count);
+    if (count <= 0) infer::fail("--num-prompts must be positive, found ", count);
     if (input_len <= 0 || output_len <= 0)
-        infer::detail::fail("--input-len and --output-len must be positive, found ", input_len, " and ", output_len);
-    if (range_ratio < 0 || range_ratio >= 1) infer::detail::fail("--range-ratio must be in [0, 1), found ", range_ratio);
-    if (vocab_size <= first_id) infer::detail::fail("vocabulary of ", vocab_size, " tokens is too small for a random prompt");
+        infer::fail("--input-len and --output-len must be positive, found ", input_len, " and ", output_len);
+    if (range_ratio < 0 || range_ratio >= 1) infer::fail("--range-ratio must be in [0, 1), found ", range_ratio);
+    if (vocab_size <= first_id) infer::fail("vocabulary of ", vocab_size, " tokens is too small for a random prompt");
     std::mt19937_64 random(seed);
     auto length = [&](int mean) {
         int low = std::max(1, static_cast<int>(std::floor(mean * (1 - range_ratio))));
@@ -322,7 +322,7 @@ inline std::vector<Prompt> random_dataset(int count, int input_len, int output_l
 // A prefix cache should serve all but the first request of each group its prefix.
 inline std::vector<Prompt> shared_prefix_dataset(int count, int groups, int prefix_len, int input_len, int output_len,
                                                  int vocab_size, uint64_t seed, int first_id = 3) {
-    if (groups <= 0 || prefix_len <= 0) infer::detail::fail("shared-prefix dataset: --prefix-groups and --prefix-len must be positive");
+    if (groups <= 0 || prefix_len <= 0) infer::fail("shared-prefix dataset: --prefix-groups and --prefix-len must be positive");
     std::vector<Prompt> questions = random_dataset(count, input_len, output_len, 0.0, vocab_size, seed + 1, first_id);
     std::vector<Prompt> prefixes = random_dataset(groups, prefix_len, 1, 0.0, vocab_size, seed, first_id);
     for (int i = 0; i < count; ++i) {
@@ -339,7 +339,7 @@ inline std::vector<Prompt> shared_prefix_dataset(int count, int groups, int pref
 // skipped. Taken in order and cycled if --num-prompts asks for more.
 inline std::vector<Prompt> jsonl_dataset(const std::string& path, int count, int output_len) {
     std::ifstream in(path);
-    if (!in) infer::detail::fail("--dataset-path ", path, ": cannot open");
+    if (!in) infer::fail("--dataset-path ", path, ": cannot open");
     std::vector<Prompt> file;
     std::string line;
     for (int number = 1; std::getline(in, line); ++number) {
@@ -348,21 +348,21 @@ inline std::vector<Prompt> jsonl_dataset(const std::string& path, int count, int
         try {
             json = infer::Json::parse(line, path);
         } catch (const infer::Error& e) {
-            infer::detail::fail(path, " line ", number, ": ", e.what());
+            infer::fail(path, " line ", number, ": ", e.what());
         }
-        if (!json.is_object()) infer::detail::fail(path, " line ", number, ": expected a JSON object with a \"prompt\"");
+        if (!json.is_object()) infer::fail(path, " line ", number, ": expected a JSON object with a \"prompt\"");
         const infer::Json* prompt = json.find("prompt");
         if (!prompt) prompt = json.find("text");
-        if (!prompt || !prompt->is_string()) infer::detail::fail(path, " line ", number, ": no \"prompt\" string");
+        if (!prompt || !prompt->is_string()) infer::fail(path, " line ", number, ": no \"prompt\" string");
         Prompt p;
         p.text = prompt->as_string();
         p.output_tokens = output_len;
         for (const char* key : {"output_len", "max_tokens"})
             if (const infer::Json* n = json.find(key); n && n->is_number()) p.output_tokens = static_cast<int>(n->as_number());
-        if (p.output_tokens <= 0) infer::detail::fail(path, " line ", number, ": output length must be positive");
+        if (p.output_tokens <= 0) infer::fail(path, " line ", number, ": output length must be positive");
         file.push_back(std::move(p));
     }
-    if (file.empty()) infer::detail::fail("--dataset-path ", path, ": no prompts in the file");
+    if (file.empty()) infer::fail("--dataset-path ", path, ": no prompts in the file");
     std::vector<Prompt> prompts;
     for (int i = 0; i < count; ++i) prompts.push_back(file[static_cast<size_t>(i) % file.size()]);
     return prompts;
@@ -376,7 +376,7 @@ inline std::vector<Prompt> jsonl_dataset(const std::string& path, int count, int
 // requests come in bursts, above 1 more evenly. rate inf sends everything at once. Returns send times in seconds
 // from the start; the first request goes at 0.
 inline std::vector<double> arrival_times(int count, double rate, double burstiness, uint64_t seed) {
-    if (!(burstiness > 0)) infer::detail::fail("option --burstiness: must be positive, found ", burstiness);
+    if (!(burstiness > 0)) infer::fail("option --burstiness: must be positive, found ", burstiness);
     std::vector<double> times(static_cast<size_t>(std::max(count, 0)), 0.0);
     if (std::isinf(rate)) return times;
     std::mt19937_64 random(seed);
@@ -636,7 +636,7 @@ inline void write_svg(std::ostream& out, const Chart& chart) {
 
 inline void write_svg_file(const std::string& path, const Chart& chart) {
     std::ofstream out(path);
-    if (!out) infer::detail::fail("cannot write ", path);
+    if (!out) infer::fail("cannot write ", path);
     write_svg(out, chart);
 }
 
@@ -756,7 +756,7 @@ inline RooflinePoint time_forward(const infer::Model& model, infer::ThreadPool& 
                                   int sequences, int tokens, int context, int repeats) {
     const infer::ModelConfig& c = model.config;
     if (context + tokens > c.context_length)
-        infer::detail::fail("roofline: ", context + tokens, " positions exceed the model's context of ", c.context_length);
+        infer::fail("roofline: ", context + tokens, " positions exceed the model's context of ", c.context_length);
     infer::ForwardPass forward(model, pool);
     const int per_sequence = (context + tokens + 15) / 16;
     infer::KVCache cache(c, per_sequence * sequences + 1, 16);
@@ -891,7 +891,7 @@ inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, 
     EngineRun run{batch, input_len, output_len, engine.now() - begin, {}, engine.steps()};
     for (int id : ids) {
         infer::RequestResult result = *engine.take_result(id);
-        if (result.finish_reason == "error") infer::detail::fail("engine bench: ", result.error);
+        if (result.finish_reason == "error") infer::fail("engine bench: ", result.error);
         const infer::RequestTimes& t = result.times;
         RequestRecord r;
         r.success = true;
@@ -929,10 +929,10 @@ inline std::vector<int> parse_int_list(const std::string& option, const std::str
     std::string item;
     while (std::getline(in, item, ',')) {
         double v = parse_finite(option, item, "a positive integer");
-        if (v < 1 || v != std::floor(v) || v > 1e7) infer::detail::fail("option ", option, ": \"", item, "\" is not a positive integer");
+        if (v < 1 || v != std::floor(v) || v > 1e7) infer::fail("option ", option, ": \"", item, "\" is not a positive integer");
         values.push_back(static_cast<int>(v));
     }
-    if (values.empty()) infer::detail::fail("option ", option, ": empty; expected e.g. 1,4,16");
+    if (values.empty()) infer::fail("option ", option, ": empty; expected e.g. 1,4,16");
     return values;
 }
 

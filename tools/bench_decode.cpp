@@ -6,7 +6,7 @@
 // depth with a Llama MLP and vocabulary) into a temporary folder, one in f32 and one in bf16, then for each: loads it,
 // prefills a short prompt and times the decode steps that follow. A decode step reads every weight once, so
 // weight bytes per token × tokens/s is the memory traffic decode achieved; dividing by the bandwidth measured in the
-// same run (the same streaming read as chapter 04, examples/measure.hpp) says how close to the ceiling it came.
+// same run (the same streaming read as chapter 04, tools/measure.hpp) says how close to the ceiling it came.
 // Random weights cost exactly what trained ones do. The folder is removed at the end. Run by `meson test --benchmark`.
 #include "command_line.hpp"
 #include "infer.hpp"

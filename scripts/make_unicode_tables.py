@@ -5,7 +5,7 @@ The tokenizer's regex needs general categories (\\p{L}, \\p{N}, ...) and White_S
 canonical combining classes, canonical decompositions and which of them recompose. Everything comes from Python's
 own `unicodedata` (standard library), so the tables follow the Unicode version of the Python that runs this:
 
-    python3 examples/make_unicode_tables.py            # rewrites ../infer.hpp in place
+    python3 scripts/make_unicode_tables.py            # rewrites ../infer.hpp in place
 """
 import pathlib
 import sys
@@ -48,7 +48,7 @@ def emit_pairs(name, pairs, comment):
 
 
 def main():
-    out = [f"{BEGIN} (examples/make_unicode_tables.py, Unicode {unicodedata.unidata_version}; do not edit by hand) ----"]
+    out = [f"{BEGIN} (scripts/make_unicode_tables.py, Unicode {unicodedata.unidata_version}; do not edit by hand) ----"]
     out += emit_pairs("letter_ranges", category_ranges("L"), "General category L (Lu Ll Lt Lm Lo): \\p{L}")
     out += emit_pairs("number_ranges", category_ranges("N"), "General category N (Nd Nl No): \\p{N}")
     out += emit_pairs("mark_ranges", category_ranges("M"), "General category M (Mn Mc Me): \\p{M}")

@@ -22,7 +22,7 @@
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //
 // Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
-#include "../infer.hpp"
+#include "infer.hpp"
 #include "chat_template.hpp"
 #include "command_line.hpp"
 #include "server.hpp"
@@ -86,16 +86,16 @@ std::vector<int> parse_ids(const std::string& option, const std::string& list) {
             used = 0;
         }
         if (used != item.size() || item.empty() || id < 0 || id > std::numeric_limits<int>::max())
-            infer::detail::fail("option ", option, ": \"", item, "\" is not a token id");
+            infer::fail("option ", option, ": \"", item, "\" is not a token id");
         ids.push_back(static_cast<int>(id));
     }
-    if (ids.empty()) infer::detail::fail("option ", option, " needs at least one token id");
+    if (ids.empty()) infer::fail("option ", option, " needs at least one token id");
     return ids;
 }
 
 int thread_count(const CommandLine& options) {
     long long threads = options.integer("-t", 0);
-    if (threads < 0 || threads > 1024) infer::detail::fail("option -t: ", threads, " threads is out of range (1..1024, 0 = all cores)");
+    if (threads < 0 || threads > 1024) infer::fail("option -t: ", threads, " threads is out of range (1..1024, 0 = all cores)");
     return static_cast<int>(threads);
 }
 
@@ -123,7 +123,7 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     params.presence_penalty = static_cast<float>(options.number("--presence-penalty", 0.0));
     params.frequency_penalty = static_cast<float>(options.number("--frequency-penalty", 0.0));
     long long max_tokens = options.integer("-n", 256);
-    if (max_tokens < 0 || max_tokens > std::numeric_limits<int>::max()) infer::detail::fail("option -n: ", max_tokens, " is out of range");
+    if (max_tokens < 0 || max_tokens > std::numeric_limits<int>::max()) infer::fail("option -n: ", max_tokens, " is out of range");
     params.max_tokens = static_cast<int>(max_tokens);
     params.ignore_eos = options.has("--ignore-eos");
     if (options.has("--seed")) params.seed = static_cast<uint64_t>(options.integer("--seed", 0));
@@ -154,7 +154,7 @@ infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::Threa
     bool first = true;
     while (engine.has_work()) {
         for (const infer::Event& event : engine.step()) {
-            if (event.error.size()) infer::detail::fail(event.error);
+            if (event.error.size()) infer::fail(event.error);
             stream(event.text);
         }
         (first ? result.times.prefill : result.times.decode) += clock.seconds();
@@ -162,7 +162,7 @@ infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::Threa
         first = false;
     }
     std::optional<infer::RequestResult> done = engine.take_result(id);
-    if (!done) infer::detail::fail("generate --device cuda: the request did not finish");
+    if (!done) infer::fail("generate --device cuda: the request did not finish");
     result.prompt_ids = done->prompt_ids;
     result.generated_ids = done->generated_ids;
     result.text = done->text;
@@ -225,15 +225,15 @@ int run_generate(const CommandLine& options) {
 }
 
 int run_logits(const CommandLine& options) {
-    if (!options.has("-m")) infer::detail::fail("infer logits needs -m PATH");
-    if (!options.has("--tokens")) infer::detail::fail("infer logits needs --tokens 1,2,3");
-    if (!options.has("--out")) infer::detail::fail("infer logits needs --out FILE");
+    if (!options.has("-m")) infer::fail("infer logits needs -m PATH");
+    if (!options.has("--tokens")) infer::fail("infer logits needs --tokens 1,2,3");
+    if (!options.has("--out")) infer::fail("infer logits needs --out FILE");
     infer::LayerTimes times;
     infer::Model model = load(options, times);
     std::vector<int> tokens = parse_ids("--tokens", options.text("--tokens"));
     const int n = static_cast<int>(tokens.size());
     if (n > model.config.context_length)
-        infer::detail::fail("--tokens has ", n, " tokens, but the model's context holds ", model.config.context_length);
+        infer::fail("--tokens has ", n, " tokens, but the model's context holds ", model.config.context_length);
     infer::ThreadPool pool(thread_count(options));
     infer::KVCache cache(model.config, (n + 15) / 16, 16);
     cache.reserve(0, n);
@@ -242,9 +242,9 @@ int run_logits(const CommandLine& options) {
     infer::ForwardPass forward(model, pool);
     std::span<const float> logits = forward.forward(batch, cache);
     std::ofstream out(options.text("--out"), std::ios::binary);
-    if (!out) infer::detail::fail(options.text("--out"), ": cannot create");
+    if (!out) infer::fail(options.text("--out"), ": cannot create");
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size_bytes()));
-    if (!out) infer::detail::fail(options.text("--out"), ": write failed");
+    if (!out) infer::fail(options.text("--out"), ": write failed");
     std::cerr << "wrote " << n << " x " << model.config.vocab_size << " float32 logits to " << options.text("--out") << '\n';
     return 0;
 }
@@ -254,7 +254,7 @@ int run_logits(const CommandLine& options) {
 // A model path or a tokenizer-only path. A llama2.c model and its tokenizer.bin are both plain .bin files: a file
 // whose size matches a llama2.c header exactly is a model (whose tokenizer is --tokenizer or tokenizer.bin beside it).
 infer::Tokenizer open_tokenizer(const CommandLine& options) {
-    if (!options.has("-m")) infer::detail::fail("this command needs -m PATH (a model or its tokenizer)");
+    if (!options.has("-m")) infer::fail("this command needs -m PATH (a model or its tokenizer)");
     const std::filesystem::path path = options.text("-m");
     if (std::filesystem::is_regular_file(path) && path.extension() == ".bin") {
         std::optional<infer::Model> model;
@@ -305,7 +305,7 @@ int run_tokenize(const CommandLine& options) {
     const bool special = options.has("--special");
     return for_each_json_line([&](const infer::Json& request) {
         const infer::Json* text = request.find("text");
-        if (!text || !text->is_string()) infer::detail::fail("each line needs a string field \"text\"");
+        if (!text || !text->is_string()) infer::fail("each line needs a string field \"text\"");
         std::cout << "{\"ids\":";
         write_ids(std::cout, tokenizer.encode(text->as_string(), special));
         std::cout << "}\n";
@@ -316,12 +316,12 @@ int run_detokenize(const CommandLine& options) {
     infer::Tokenizer tokenizer = open_tokenizer(options);
     return for_each_json_line([&](const infer::Json& request) {
         const infer::Json* ids = request.find("ids");
-        if (!ids || !ids->is_array()) infer::detail::fail("each line needs an array field \"ids\"");
+        if (!ids || !ids->is_array()) infer::fail("each line needs an array field \"ids\"");
         std::vector<int> list;
         for (const infer::Json& id : ids->as_array()) {
             if (!id.is_number() || id.as_number() != std::floor(id.as_number()) || id.as_number() < 0 ||
                 id.as_number() >= tokenizer.vocab_size())
-                infer::detail::fail("\"ids\" holds a value that is not a token id of this vocabulary (",
+                infer::fail("\"ids\" holds a value that is not a token id of this vocabulary (",
                                     tokenizer.vocab_size(), " tokens)");
             list.push_back(static_cast<int>(id.as_int()));
         }
@@ -344,7 +344,7 @@ int run_render_chat(const CommandLine& options) {
     const infer::Json variables = template_variables(tokenizer);
     return for_each_json_line([&](const infer::Json& request) {
         const infer::Json* messages = request.find("messages");
-        if (!messages || !messages->is_array()) infer::detail::fail("each line needs an array field \"messages\"");
+        if (!messages || !messages->is_array()) infer::fail("each line needs an array field \"messages\"");
         const infer::Json* generation = request.find("add_generation_prompt");
         bool add_generation_prompt = generation && generation->is_bool() && generation->as_bool();
         std::string text = chat::render(source, *messages, add_generation_prompt, variables);
@@ -361,7 +361,7 @@ int run_render_chat(const CommandLine& options) {
 // An interactive chat: each line on stdin is a user turn; the reply streams to stdout. The whole conversation is
 // rendered and prefilled again every turn (the engine layer's prefix cache makes that cheap later).
 int run_chat(const CommandLine& options) {
-    if (!options.has("-m")) infer::detail::fail("infer chat needs -m PATH");
+    if (!options.has("-m")) infer::fail("infer chat needs -m PATH");
     infer::LayerTimes load_times;
     infer::Model model = load(options, load_times);
     infer::Tokenizer tokenizer = infer::tokenizer_for(model);
@@ -410,16 +410,16 @@ BatchRequest parse_batch_line(const infer::Json& line, const serve::RequestConte
     BatchRequest r;
     if (const infer::Json* id = line.find("custom_id"); id && id->is_string()) r.custom_id = id->as_string();
     const infer::Json* method = line.find("method");
-    if (method && (!method->is_string() || method->as_string() != "POST")) infer::detail::fail("\"method\" must be \"POST\"");
+    if (method && (!method->is_string() || method->as_string() != "POST")) infer::fail("\"method\" must be \"POST\"");
     const infer::Json* url = line.find("url");
-    if (!url || !url->is_string()) infer::detail::fail("each line needs a string field \"url\"");
+    if (!url || !url->is_string()) infer::fail("each line needs a string field \"url\"");
     const bool chat = url->as_string() == "/v1/chat/completions";
     if (!chat && url->as_string() != "/v1/completions")
-        infer::detail::fail("url \"", url->as_string(), "\" is not supported (/v1/completions or /v1/chat/completions)");
+        infer::fail("url \"", url->as_string(), "\" is not supported (/v1/completions or /v1/chat/completions)");
     const infer::Json* body = line.find("body");
-    if (!body || !body->is_object()) infer::detail::fail("each line needs an object field \"body\"");
+    if (!body || !body->is_object()) infer::fail("each line needs an object field \"body\"");
     r.request = serve::parse_request(*body, chat, context);
-    if (r.request.stream) infer::detail::fail("body field \"stream\": a batch line cannot stream");
+    if (r.request.stream) infer::fail("body field \"stream\": a batch line cannot stream");
     return r;
 }
 
@@ -443,7 +443,7 @@ void write_batch_result(std::ostream& out, int index, const BatchRequest& r, std
 
 int run_batch(const CommandLine& options) {
     for (const char* needed : {"-m", "-i", "-o"})
-        if (!options.has(needed)) infer::detail::fail("infer run-batch needs ", needed, " (see infer --help)");
+        if (!options.has(needed)) infer::fail("infer run-batch needs ", needed, " (see infer --help)");
     infer::LayerTimes load_times;
     infer::Model model = load(options, load_times);
     std::optional<infer::Tokenizer> tokenizer;
@@ -455,7 +455,7 @@ int run_batch(const CommandLine& options) {
     infer::Engine engine(model, pool, config, tokenizer ? &*tokenizer : nullptr);
 
     std::ifstream in(options.text("-i"));
-    if (!in) infer::detail::fail(options.text("-i"), ": cannot open");
+    if (!in) infer::fail(options.text("-i"), ": cannot open");
     // The chat template is looked up at the first chat line, so a completions-only file needs none.
     std::optional<std::string> template_source;
     auto render_chat = [&](const infer::Json& messages) {
@@ -508,7 +508,7 @@ int run_batch(const CommandLine& options) {
     if (running_total > 0) std::fprintf(stderr, "\n");
 
     std::ofstream out(options.text("-o"));
-    if (!out) infer::detail::fail(options.text("-o"), ": cannot create");
+    if (!out) infer::fail(options.text("-o"), ": cannot create");
     const long long created = std::chrono::duration_cast<std::chrono::seconds>(
                                   std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string model_name = std::filesystem::path(options.text("-m")).filename().string();
@@ -535,11 +535,11 @@ int run_batch(const CommandLine& options) {
         prompt_tokens += choices.front().prompt_ids.size();
         for (const infer::RequestResult& choice : choices) generated += choice.generated_ids.size();
     }
-    if (!out) infer::detail::fail(options.text("-o"), ": write failed");
+    if (!out) infer::fail(options.text("-o"), ": write failed");
 
     if (options.has("--trace")) {
         std::ofstream trace(options.text("--trace"));
-        if (!trace) infer::detail::fail(options.text("--trace"), ": cannot create");
+        if (!trace) infer::fail(options.text("--trace"), ": cannot create");
         infer::write_chrome_trace(trace, engine.steps(), finished);
     }
     const infer::EngineTotals& t = engine.totals();
@@ -558,11 +558,11 @@ int run_batch(const CommandLine& options) {
 }
 
 int run_make_model(const CommandLine& options) {
-    if (!options.has("-o")) infer::detail::fail("infer make-model needs -o DIR");
+    if (!options.has("-o")) infer::fail("infer make-model needs -o DIR");
     infer::ModelShape shape;
     auto dimension = [&](const char* name, int fallback) {
         long long value = options.integer(name, fallback);
-        if (value <= 0 || value > (1 << 20)) infer::detail::fail("option ", name, ": ", value, " is out of range (1..1048576)");
+        if (value <= 0 || value > (1 << 20)) infer::fail("option ", name, ": ", value, " is out of range (1..1048576)");
         return static_cast<int>(value);
     };
     shape.dim = dimension("--dim", shape.dim);
@@ -578,7 +578,7 @@ int run_make_model(const CommandLine& options) {
     if (dtype_text == "f32") dtype = infer::DType::F32;
     else if (dtype_text == "bf16") dtype = infer::DType::BF16;
     else if (dtype_text == "f16") dtype = infer::DType::F16;
-    else infer::detail::fail("option --dtype: \"", dtype_text, "\" is not one of f32, bf16, f16");
+    else infer::fail("option --dtype: \"", dtype_text, "\" is not one of f32, bf16, f16");
     infer::save_random_model(options.text("-o"), shape, dtype, static_cast<uint64_t>(options.integer("--seed", 0)));
     infer::Model check = infer::load_model(options.text("-o"));  // read it back: what we wrote must load
     std::cerr << "wrote " << options.text("-o") << ": " << check.parameter_count() << " parameters in " << dtype_text
@@ -621,7 +621,7 @@ int main(int argc, char** argv) {
 #ifdef INFER_SERVE
             return command == "serve" ? run_serve(argc, argv) : run_route(argc, argv);
 #else
-            infer::detail::fail("infer ", command, " is not built: it needs cpp-httplib and nlohmann-json "
+            infer::fail("infer ", command, " is not built: it needs cpp-httplib and nlohmann-json "
                                 "(Debian: apt-get install libcpp-httplib-dev nlohmann-json3-dev), then meson setup --reconfigure");
 #endif
         }
