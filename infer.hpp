@@ -1,21 +1,37 @@
 // infer.hpp — the LLM inference stack, layer by layer, in one readable header.
+// SPDX-License-Identifier: MIT (see LICENSE). Version INFER_VERSION_STRING, defined below.
 //
-// A checkpoint on disk becomes text through a chain of layers. This header holds the engine's layers in the order a
-// request's data flows through them, each under a banner that says what it does and what it costs:
+// A checkpoint on disk becomes text through a chain of layers. This header holds the inference engine's layers in the
+// order a request's data flows through them. Each section is numbered by the chapter of the course that teaches it, so
+// `grep -n '^// ====' infer.hpp` is the table of contents:
 //
-//   1. Prelude            errors, memory-mapped files, a JSON reader, bf16/f16, timers, a thread pool
-//   2. Weights on disk    safetensors (+ config.json), GGUF v3, llama2.c .bin → one Model   (chapter 02)
-//   3. Tokenizer          SentencePiece scores and Hugging Face BPE (tokenizer.json, GGUF)    (chapter 03)
-//   4. KV cache           a pool of fixed-size blocks, block tables, prefix caching (LRU)    (chapter 05)
-//   5. Forward pass       one function for prefill and decode over a batch of tokens         (chapter 04)
-//  5b. Device            cpu or cuda behind one forward pass (kernels in infer_cuda.cu)    (chapter 07)
-//   6. Sampler            temperature, top-k, top-p, min-p, penalties, seeded                (chapter 04)
-//   7. Generation         one request end to end, timed layer by layer                       (chapter 01)
-//   8. Scheduler          continuous batching: decode first, chunked prefill, preemption     (chapter 06)
-//   9. Engine             many requests at once: step() → events; EngineLoop; Chrome traces  (chapter 06, 08)
-//  10. Model factory      random-weight models: the built-in demo and `infer make-model`     (chapter 02)
+//   01 The stack          errors, timers, the JSON value and the thread pool every layer shares          (chapter 01)
+//   02 Weights on disk    safetensors (+ config.json), GGUF, llama2.c .bin → one Model                    (chapter 02)
+//   03 Tokenizer          text ↔ ids: SentencePiece scores and Hugging Face BPE; streaming decode        (chapter 03)
+//   04 Forward pass       ids → logits for a batch (prefill and decode), the sampler, one request       (chapter 04)
+//   05 KV cache           blocks, block tables, prefix sharing and LRU eviction                          (chapter 05)
+//   06 Scheduler          continuous batching, the Engine (step → events), EngineLoop, traces          (chapter 06)
+//   07 Hardware           cpu or cuda behind one forward pass (kernels in infer_cuda.cu)                (chapter 07)
+//   A–G Appendices        the plumbing the lessons call: JSON parsing, 16-bit floats and the thread pool's
+//                         insides, Unicode data and NFC, the regex engine, the tokenizer.json pipeline,
+//                         the SIMD kernels, random-weight models. Each is declared where a lesson uses it.
 //
-// Quick start (compile with -std=c++20 -O2 -march=native -pthread):
+// The map: one request through generate_from_ids() (section 04), the shortest path through every layer.
+//
+//   Model model = load_model(path);         02  mmap the file, read config + tensor table, check every shape
+//   Tokenizer tok = tokenizer_for(model);   03  the vocabulary the file carries (or tokenizer.json beside it)
+//   ids = tok.encode(prompt);               03  normalize, pre-tokenize, merge pairs until none merges
+//   KVCache cache(config, blocks);          04  storage for every layer's K and V; 05 hands out its blocks
+//   batch = all prompt ids;                 04  prefill: T tokens in one forward call, compute-bound
+//   logits = forward.forward(batch, cache); 04  per layer: norm → q,k,v → RoPE → attention → MLP
+//   next = sampler.sample(logits);          04  penalties, temperature, top-k/p, min-p, a seeded draw
+//   batch = {next}; repeat                  04  decode: one token per step, memory-bound (07 measures it)
+//   text += stream.push(next);              03  ids back to text, one whole character at a time
+//
+// The Engine (section 06) runs the same loop for many requests at once: its scheduler fills each forward call with
+// one decode token per running request plus chunks of new prompts; the serving framework (tools/) puts HTTP in front.
+//
+// Quick start, one request (save as quick.cpp beside this header; g++ -std=c++20 -O2 -pthread quick.cpp):
 //
 //   #include "infer.hpp"
 //   #include <iostream>
@@ -29,23 +45,49 @@
 //                       [](std::string_view text) { std::cout << text << std::flush; });
 //   }
 //
+// Quick start, many requests through the engine (paged KV cache, continuous batching):
+//
+//   #include "infer.hpp"
+//   #include <iostream>
+//   int main() {
+//       infer::Model model = infer::load_model("stories260K.gguf");
+//       infer::ThreadPool pool;
+//       infer::Engine engine(model, pool);            // keeps references to model and pool: they outlive it
+//       infer::SamplingParams params;
+//       params.temperature = 0;
+//       params.max_tokens = 32;
+//       for (const char* prompt : {"Once upon a time", "The little dog", "Lily and Ben"})
+//           engine.add_request(prompt, params);       // queued; returns the request's id
+//       while (engine.has_work())                     // each step: one forward pass over every running request
+//           for (const infer::Event& event : engine.step())
+//               if (event.finished) std::cout << engine.take_result(event.request_id)->text << "\n";
+//   }
+//
 // Dimension letters in shape comments:
 //   T tokens in the batch   D model width        H / Hkv query / key-value heads   Dh head size
 //   F feed-forward width    L layers             V vocabulary                      B block size (tokens per KV block)
 //   N output rows of a matrix, K its input width (a weight is stored [N, K], row-major, as PyTorch's nn.Linear)
 //
-// Configuration: nothing to define. With AVX2+FMA (e.g. -march=native on x86-64) the matrix-vector kernels use
-// intrinsics; elsewhere a plain loop that compilers vectorize computes the same sums in the same order. INFER_CUDA
+// Ownership: a Model owns its weights (the mapped files, or the bytes). ForwardPass, Engine and generate() keep
+// references to the Model and the ThreadPool they are given, which must outlive them; a Tokenizer is a cheap handle
+// to shared, immutable state and may be copied freely.
+//
+// Configuration: nothing to define. With AVX2+FMA (e.g. -march=native on x86-64) the matrix kernels use intrinsics
+// (appendix F); elsewhere the portable loop beside ForwardPass computes the same sums in the same order. INFER_CUDA
 // (defined by the Meson build when nvcc is found, for the targets linked with infer_cuda.cu) declares the CUDA forward
-// pass of section 5b; without it the header is standard-library-only and --device cuda says so.
+// pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
-// Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in F32, F16 or BF16 (quantized
-// GGUF types are refused by name); the tokenizer reads BPE tokenizers only (tokenizer.json BPE with the components
-// Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece, Unigram and other components are refused by name.
+// Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
+// F32, F16 or BF16 (quantized GGUF types are refused by name); the tokenizer reads BPE tokenizers only
+// (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
+// Unigram and other components are refused by name.
 //
-// Errors: every failure a user can cause throws infer::Error whose message names the file, field or value.
+// Errors: every failure a user can cause throws infer::Error whose message names the file, field or value;
+// infer::fail(parts...) builds and throws one. Expected outcomes (a full KV pool) are return values, not exceptions.
 //
-// Version 0.1.0. Standard library only; all functions inline; internals in infer::detail.
+// Extending it (an architecture, a weight type, a sampling option, an HTTP endpoint): README.md, "Extending infer".
+//
+// Standard library only; all functions inline; internals in infer::detail.
 #pragma once
 
 #include <algorithm>
@@ -93,13 +135,18 @@
 #define INFER_HAVE_AVX2 1
 #endif
 
+#define INFER_VERSION_MAJOR 0
+#define INFER_VERSION_MINOR 2
+#define INFER_VERSION_PATCH 0
+#define INFER_VERSION_STRING "0.2.0"  // meson.build reads the three numbers above
+
 namespace infer {
 
-// =====================================================================================================================
-// 1. PRELUDE — the tools every layer uses: one error type, files mapped into memory, a JSON reader, 16-bit floats,
-//    stopwatches and a thread pool. Nothing here is specific to language models; all of it is cheap next to the
-//    forward pass, except the thread pool's wake-up, which decode pays a few dozen times per token.
-// =====================================================================================================================
+// ==== 01 THE STACK ===================================================================================================
+// What every layer shares: one error type whose message is the whole diagnosis, stopwatches for the per-layer times a
+// user sees after each request, the JSON value that config files and tokenizers arrive in, and the thread pool the
+// forward pass splits its matmuls over. Nothing here is specific to language models, and all of it is cheap next to
+// the forward pass, except the thread pool's hand-off, which decode pays a few dozen times per token. (chapter 01)
 
 // The one exception type. Its message is the whole diagnosis: which file, field or value, and what was expected.
 struct Error : std::runtime_error {
@@ -127,6 +174,151 @@ inline bool ends_with(std::string_view text, std::string_view suffix) {
 }
 
 }  // namespace detail
+
+// ---- Timers ---------------------------------------------------------------------------------------------------------
+// Each layer's time is measured where it is spent, so a user can see which one is slow instead of guessing.
+
+class Stopwatch {
+public:
+    Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+    double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+    void restart() { start_ = std::chrono::steady_clock::now(); }
+
+private:
+    std::chrono::steady_clock::time_point start_;
+};
+
+// Where one request's time went, layer by layer (chapter 01 prints this table).
+struct LayerTimes {
+    double load = 0, tokenize = 0, prefill = 0, decode = 0, sample = 0, detokenize = 0;
+};
+
+// ---- JSON -----------------------------------------------------------------------------------------------------------
+// config.json, safetensors headers, tokenizer.json and GGUF-free test references are JSON. A value tree whose lookups
+// name the missing field; the strict parser behind Json::parse (errors give the byte offset) is appendix A.
+
+class Json {
+public:
+    using Array = std::vector<Json>;
+    using Object = std::vector<std::pair<std::string, Json>>;  // keeps the file's order
+
+    Json() = default;  // null
+    explicit Json(bool value) : value_(value) {}
+    explicit Json(double value) : value_(value) {}
+    explicit Json(std::string value) : value_(std::move(value)) {}
+    explicit Json(Array value) : value_(std::move(value)) {}
+    explicit Json(Object value) : value_(std::move(value)) {}
+
+    bool is_null() const { return std::holds_alternative<std::monostate>(value_); }
+    bool is_bool() const { return std::holds_alternative<bool>(value_); }
+    bool is_number() const { return std::holds_alternative<double>(value_); }
+    bool is_string() const { return std::holds_alternative<std::string>(value_); }
+    bool is_array() const { return std::holds_alternative<Array>(value_); }
+    bool is_object() const { return std::holds_alternative<Object>(value_); }
+
+    bool as_bool() const { return get<bool>("a boolean"); }
+    double as_number() const { return get<double>("a number"); }
+    const std::string& as_string() const { return get<std::string>("a string"); }
+    const Array& as_array() const { return get<Array>("an array"); }
+    const Object& as_object() const { return get<Object>("an object"); }
+    int64_t as_int() const {
+        double number = as_number();
+        if (number != std::floor(number) || std::abs(number) > 9007199254740992.0)
+            fail("expected an integer, found ", number);
+        return static_cast<int64_t>(number);
+    }
+
+    // Object member or nullptr.
+    const Json* find(std::string_view key) const {
+        if (!is_object()) return nullptr;
+        for (const auto& [name, value] : std::get<Object>(value_))
+            if (name == key) return &value;
+        return nullptr;
+    }
+    const Json& at(std::string_view key) const {
+        const Json* member = find(key);
+        if (!member) fail("missing field \"", key, "\"");
+        return *member;
+    }
+
+    static Json parse(std::string_view text, std::string_view origin = "JSON");
+
+private:
+    template <class T>
+    const T& get(const char* expected) const {
+        if (const T* value = std::get_if<T>(&value_)) return *value;
+        fail("expected ", expected, ", found ", kind_name());
+    }
+    const char* kind_name() const {
+        static constexpr const char* names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+        return names[value_.index()];
+    }
+    std::variant<std::monostate, bool, double, std::string, Array, Object> value_;
+};
+
+// ---- Thread pool ----------------------------------------------------------------------------------------------------
+// A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
+// a few parallel sections per layer, each a fraction of a millisecond, so the hand-off must cost microseconds, not the
+// tens of microseconds a sleeping thread takes to wake: workers spin briefly between sections, then sleep (appendix B
+// has the mechanics). Chapter 07 measures what the cores can do; chapter 01 shows how often decode pays the hand-off.
+
+class ThreadPool {
+public:
+    explicit ThreadPool(int threads = 0);  // 0 threads: one per hardware thread
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+    ~ThreadPool();
+
+    int size() const { return size_; }
+
+    // Calls body(begin, end, thread) on `size()` disjoint ranges that cover [0, count) and returns when all are done.
+    // One caller at a time: the engine's loop owns its pool.
+    template <class Body>
+    void run(size_t count, Body&& body) {
+        if (size_ == 1 || count <= 1) {
+            body(size_t{0}, count, 0);
+            return;
+        }
+        auto call = [](void* context, size_t begin, size_t end, int thread) {
+            (*static_cast<std::remove_reference_t<Body>*>(context))(begin, end, thread);
+        };
+        run_job(call, &body, count);
+    }
+
+    // Like run(), but on the calling thread alone when the job is smaller than a hand-off costs: `work` counts its
+    // multiply-adds (or steps of similar cost). Tiny models and short sections then never wait for another thread,
+    // which matters most when the machine has more runnable threads than cores.
+    template <class Body>
+    void run_sized(size_t count, size_t work, Body&& body) {
+        if (work < min_parallel_work) body(size_t{0}, count, 0);
+        else run(count, body);
+    }
+    static constexpr size_t min_parallel_work = size_t{1} << 16;
+
+private:
+    using Job = void (*)(void* context, size_t begin, size_t end, int thread);
+    void run_job(Job job, void* context, size_t count);  // wake the workers, run share 0, wait for the rest
+    void run_share(int thread);
+    void worker_loop(int thread);
+    static constexpr std::chrono::microseconds spin_budget{200};
+
+    int size_ = 1;
+    std::vector<std::thread> workers_;
+    // Each counter on its own cache line: workers poll one while the caller polls the other.
+    alignas(64) std::atomic<uint64_t> generation_{0};
+    alignas(64) std::atomic<int> pending_{0};
+    std::atomic<bool> stopping_{false};
+    Job job_ = nullptr;
+    void* context_ = nullptr;
+    size_t count_ = 0;
+};
+
+// ==== 02 WEIGHTS ON DISK =============================================================================================
+// Three formats become one Model. A Hugging Face folder (config.json + safetensors), a GGUF file and a llama2.c .bin
+// hold the same matrices under different names and layouts. Tensors stay in their stored dtype inside the mapped file
+// (no copy): loading costs a header parse, and resident memory is what decode touches. Every shape is checked once
+// here, so the forward pass can trust them. Chapter 02 checks the footprint arithmetic (parameters × bytes per
+// parameter) against the file sizes.
 
 // A read-only view of a whole file. Where the OS allows, the file is mapped, not read: loading a multi-gigabyte
 // checkpoint then costs page-table setup, and each weight is paged in from the page cache the first time a matmul
@@ -193,68 +385,3325 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     return text.str();
 }
 
-// ---- JSON -----------------------------------------------------------------------------------------------------------
-// Just enough JSON for config.json, safetensors headers and test references: a value tree, a strict parser whose
-// errors give the byte offset, and lookups whose errors name the missing field.
+// ---- 16-bit floats -------------------------------------------------------------------------------------------------
+// bf16 is the top half of an f32 (same exponent range, 8 mantissa bits): widening is a shift. f16 has 5 exponent bits,
+// so widening rebuilds the exponent. Checkpoints store weights this way to halve the bytes a decode step must read.
+// The f16 conversions and the rounding directions are appendix B.
 
-class Json {
+inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+inline uint16_t f32_to_bf16(float value);  // round to nearest even, NaN stays NaN
+inline float f16_to_f32(uint16_t half);
+inline uint16_t f32_to_f16(float value);
+
+// ---- Tensors and the Model ------------------------------------------------------------------------------------------
+
+// A weight's number format. Every loader, footprint and error message goes through these two functions, so a new
+// type is one enumerator and one line in each.
+enum class DType { F32, F16, BF16 };
+
+inline size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+inline const char* dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::F32: return "F32";
+        case DType::F16: return "F16";
+        case DType::BF16: return "BF16";
+    }
+    return "?";
+}
+
+// A view of a weight matrix or vector inside a mapped file (or a buffer the Model owns). Shapes are row-major,
+// outermost first, as PyTorch writes them: a linear layer's weight is [N, K].
+struct Tensor {
+    std::string name;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    const std::byte* data = nullptr;
+
+    bool empty() const { return data == nullptr; }
+    int64_t elements() const {
+        return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+    }
+    size_t bytes() const { return static_cast<size_t>(elements()) * dtype_size(dtype); }
+    int64_t rows() const { return shape.empty() ? 0 : shape.front(); }
+    int64_t cols() const { return shape.empty() ? 0 : shape.back(); }
+    // Element i of a 1-D tensor (norm gains, biases), widened to f32.
+    float at(int64_t i) const {
+        uint16_t half;
+        switch (dtype) {
+            case DType::F32: {
+                float value;
+                std::memcpy(&value, data + i * 4, 4);
+                return value;
+            }
+            case DType::BF16: std::memcpy(&half, data + i * 2, 2); return bf16_to_f32(half);
+            case DType::F16: std::memcpy(&half, data + i * 2, 2); return f16_to_f32(half);
+        }
+        return 0;
+    }
+    // Row r of a 2-D tensor widened into `out` (embedding lookup).
+    void read_row(int64_t r, float* out) const {
+        int64_t width = cols();
+        for (int64_t i = 0; i < width; ++i) out[i] = at(r * width + i);
+    }
+};
+
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+// ---- Architectures --------------------------------------------------------------------------------------------------
+// The one list of what the loaders accept. The Llama family differs in a few switches, each explained where the
+// forward pass uses it (section 04): Qwen2 adds biases to q, k and v; Qwen3 normalizes each head of q and k before
+// RoPE; Mistral always slides its attention window. Adding a member of the family is a row here (plus, where its files
+// name tensors differently, an entry in the loaders' name tables); README.md's "Extending infer" walks through it.
+
+struct Architecture {
+    const char* name;      // config.json's model_type, GGUF's general.architecture
+    bool qkv_bias;         // q, k, v projections carry biases
+    bool qk_norm;          // RMSNorm over each head of q and k before RoPE
+    bool always_windowed;  // config.json's sliding_window always applies (else only with use_sliding_window true)
+    bool in_gguf;          // llama.cpp writes GGUF files under this name (its converter writes Mistral as "llama")
+    bool gguf_rope_pairs;  // its GGUF files keep Meta's q/k row order: RoPE rotates adjacent pairs (see RopeStyle)
+};
+
+inline constexpr Architecture architectures[] = {
+    //  name      qkv_bias qk_norm windowed in_gguf rope_pairs
+    {"llama",     false,   false,  false,   true,   true},
+    {"mistral",   false,   false,  true,    false,  false},
+    {"qwen2",     true,    false,  false,   true,   false},
+    {"qwen3",     false,   true,   false,   true,   false},
+};
+
+// The row for `name` (as a Hugging Face config or, with `gguf`, a GGUF file spells it), or nullptr.
+inline const Architecture* find_architecture(std::string_view name, bool gguf) {
+    for (const Architecture& a : architectures)
+        if (name == a.name && (!gguf || a.in_gguf)) return &a;
+    return nullptr;
+}
+
+// "llama, mistral, qwen2, qwen3": for the message that refuses anything else.
+inline std::string architecture_names(bool gguf) {
+    std::string names;
+    for (const Architecture& a : architectures)
+        if (!gguf || a.in_gguf) names += (names.empty() ? "" : ", ") + std::string(a.name);
+    return names;
+}
+
+// How RoPE pairs the dimensions of a head. Hugging Face checkpoints rotate dimension i with i + Dh/2 ("rotate half",
+// GPT-NeoX style). Meta's original checkpoints, llama2.c and GGUF "llama" files rotate adjacent pairs (2i, 2i+1): the
+// converter permutes the q/k rows. Both give the same attention scores, so we follow the file instead of permuting.
+enum class RopeStyle { HalfRotation, AdjacentPairs };
+
+// Long-context RoPE scaling (config.json's rope_scaling): Llama 3.1 stretches the long wavelengths, "linear" all of
+// them. rope_inverse_frequencies() in section 04 applies it.
+struct RopeScaling {
+    enum class Kind { None, Linear, Llama3 } kind = Kind::None;
+    double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_context = 8192;
+};
+
+// The hyperparameters every loader fills in, whatever the file calls them. Section 04 explains each switch where the
+// forward pass uses it.
+struct ModelConfig {
+    std::string architecture;  // a name from `architectures`
+    int dim = 0;               // D
+    int n_layers = 0;          // L
+    int n_heads = 0;           // H
+    int n_kv_heads = 0;        // Hkv: grouped-query attention shares one K/V head among H / Hkv query heads
+    int head_dim = 0;          // Dh (qwen3: H × Dh may differ from D)
+    int ffn_dim = 0;           // F
+    int vocab_size = 0;        // V
+    int context_length = 0;    // the largest position the model was built for
+    double rope_theta = 10000;
+    double norm_eps = 1e-5;
+    int sliding_window = 0;  // attend to at most this many latest positions (Mistral); 0: the whole prefix
+    RopeStyle rope_style = RopeStyle::HalfRotation;
+    RopeScaling rope_scaling;
+    bool qkv_bias = false;  // qwen2
+    bool qk_norm = false;   // qwen3: RMSNorm over each head of q and k before RoPE
+    bool tied_embeddings = false;
+    int bos_id = -1;
+    std::vector<int> eos_ids;
+};
+
+struct LayerWeights {
+    Tensor attn_norm;         // [D]
+    Tensor wq, wk, wv, wo;    // [H·Dh, D], [Hkv·Dh, D], [Hkv·Dh, D], [D, H·Dh]
+    Tensor bq, bk, bv;        // [H·Dh], [Hkv·Dh], [Hkv·Dh] (qwen2), else empty
+    Tensor q_norm, k_norm;    // [Dh] (qwen3), else empty
+    Tensor ffn_norm;          // [D]
+    Tensor w_gate, w_up;      // [F, D]
+    Tensor w_down;            // [D, F]
+
+    // Every tensor of the layer (the optional ones may be empty), for footprint arithmetic.
+    std::vector<const Tensor*> tensors() const {
+        return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
+    }
+};
+
+// The vocabulary as llama2.c and GGUF files carry it: SentencePiece pieces with merge scores ("llama"), or byte-level
+// BPE tokens with ranked merges ("gpt2"). The tokenizer section turns it into a Tokenizer; a Hugging Face folder keeps
+// its tokenizer in tokenizer.json instead, which the tokenizer section reads itself.
+struct Vocabulary {
+    enum class Type : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
+    enum class Model { Scores, RankedMerges, Unsupported };  // GGUF tokenizer.ggml.model "llama", "gpt2", anything else
+    Model model = Model::Scores;
+    std::string model_name = "llama"; // tokenizer.ggml.model as the file spells it, for messages ("" when absent)
+    std::vector<std::string> pieces;  // "▁the", "<0x0A>", "<s>" … ("Ġthe" in gpt2 vocabularies)
+    std::vector<float> scores;        // llama: higher merges first
+    std::vector<std::string> merges;  // gpt2: "left right", the first merges first
+    std::string pre;                  // gpt2: tokenizer.ggml.pre, which names the split regex ("llama-bpe", "qwen2")
+    std::vector<Type> types;
+    int unk_id = 0;
+    bool add_bos = true;
+    bool add_eos = false;
+    bool add_space_prefix = true;  // SentencePiece's add_dummy_prefix: " " + text
+    std::string chat_template;     // GGUF tokenizer.chat_template, "" when none
+    bool empty() const { return pieces.empty(); }
+};
+
+enum class ModelFormat { HuggingFace, Gguf, Llama2c, BuiltIn };
+
+// "safetensors", "gguf", "llama2.c", "built-in": how the format is named in messages and reports.
+inline const char* format_name(ModelFormat format) {
+    switch (format) {
+        case ModelFormat::HuggingFace: return "safetensors";
+        case ModelFormat::Gguf: return "gguf";
+        case ModelFormat::Llama2c: return "llama2.c";
+        case ModelFormat::BuiltIn: return "built-in";
+    }
+    return "?";
+}
+
+// The weights and everything the forward pass needs to know about them. Tensors point into `files` (mapped) or
+// `owned` (built in): the Model owns both, and everything built from it keeps a reference, so it must outlive them.
+struct Model {
+    ModelConfig config;
+    Tensor embedding;   // [V, D]
+    Tensor final_norm;  // [D]
+    Tensor lm_head;     // [V, D]; the embedding itself when tied
+    std::vector<LayerWeights> layers;
+    std::vector<float> rope_freq_divisors;  // [Dh/2] GGUF rope_freqs (llama3 scaling precomputed), else empty
+    Vocabulary vocab;                       // empty for a Hugging Face folder (its tokenizer.json: load_tokenizer)
+    std::string source;                     // the path it came from, for messages
+    ModelFormat format = ModelFormat::BuiltIn;
+
+    std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive
+    std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
+
+    // Tensors point into `files` or `owned`: a copy would point into the original's buffers, so a Model only moves.
+    Model() = default;
+    Model(Model&&) = default;
+    Model& operator=(Model&&) = default;
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    // Bytes of weights one decode step reads: every matrix once (the embedding only one row, unless it is the head).
+    size_t weight_bytes_per_token() const {
+        size_t total = final_norm.bytes() + lm_head.bytes() + static_cast<size_t>(embedding.cols()) * dtype_size(embedding.dtype);
+        for (const auto& layer : layers)
+            for (const Tensor* t : layer.tensors())
+                if (!t->empty()) total += t->bytes();
+        return total;
+    }
+    int64_t parameter_count() const {
+        int64_t total = embedding.elements() + final_norm.elements() + (config.tied_embeddings ? 0 : lm_head.elements());
+        for (const auto& layer : layers)
+            for (const Tensor* t : layer.tensors())
+                if (!t->empty()) total += t->elements();
+        return total;
+    }
+};
+
+namespace detail {
+
+// Every tensor a Model needs, checked for presence and shape, so the forward pass can trust them.
+inline void check_shape(const Tensor& tensor, const std::vector<int64_t>& expected, const std::string& source) {
+    if (tensor.shape != expected)
+        fail(source, ": tensor ", tensor.name, " has shape ", shape_string(tensor.shape), ", expected ",
+             shape_string(expected));
+}
+
+inline void validate_config(const ModelConfig& c, const std::string& source) {
+    auto positive = [&](int value, const char* field) {
+        if (value <= 0) fail(source, ": ", field, " must be positive, found ", value);
+    };
+    positive(c.dim, "hidden size");
+    positive(c.n_layers, "number of layers");
+    positive(c.n_heads, "number of attention heads");
+    positive(c.n_kv_heads, "number of key-value heads");
+    positive(c.head_dim, "head dimension");
+    positive(c.ffn_dim, "intermediate (ffn) size");
+    positive(c.vocab_size, "vocabulary size");
+    positive(c.context_length, "context length");
+    if (c.n_heads % c.n_kv_heads != 0)
+        fail(source, ": ", c.n_heads, " attention heads are not a multiple of ", c.n_kv_heads, " key-value heads");
+    if (c.head_dim % 2 != 0) fail(source, ": head dimension ", c.head_dim, " is odd; RoPE needs pairs");
+    if (!(c.norm_eps > 0)) fail(source, ": rms_norm_eps must be positive, found ", c.norm_eps);
+    if (!(c.rope_theta > 0)) fail(source, ": rope_theta must be positive, found ", c.rope_theta);
+}
+
+inline void validate_model(const Model& m) {
+    const ModelConfig& c = m.config;
+    validate_config(c, m.source);
+    const int64_t D = c.dim, F = c.ffn_dim, V = c.vocab_size, Dh = c.head_dim;
+    const int64_t q_width = int64_t{c.n_heads} * Dh, kv_width = int64_t{c.n_kv_heads} * Dh;
+    check_shape(m.embedding, {V, D}, m.source);
+    check_shape(m.lm_head, {V, D}, m.source);
+    check_shape(m.final_norm, {D}, m.source);
+    if (static_cast<int>(m.layers.size()) != c.n_layers) fail(m.source, ": expected ", c.n_layers, " layers");
+    for (const auto& layer : m.layers) {
+        check_shape(layer.attn_norm, {D}, m.source);
+        check_shape(layer.wq, {q_width, D}, m.source);
+        check_shape(layer.wk, {kv_width, D}, m.source);
+        check_shape(layer.wv, {kv_width, D}, m.source);
+        check_shape(layer.wo, {D, q_width}, m.source);
+        if (c.qkv_bias) {
+            check_shape(layer.bq, {q_width}, m.source);
+            check_shape(layer.bk, {kv_width}, m.source);
+            check_shape(layer.bv, {kv_width}, m.source);
+        }
+        if (c.qk_norm) {
+            check_shape(layer.q_norm, {Dh}, m.source);
+            check_shape(layer.k_norm, {Dh}, m.source);
+        }
+        check_shape(layer.ffn_norm, {D}, m.source);
+        check_shape(layer.w_gate, {F, D}, m.source);
+        check_shape(layer.w_up, {F, D}, m.source);
+        check_shape(layer.w_down, {D, F}, m.source);
+    }
+    if (!m.rope_freq_divisors.empty() && static_cast<int64_t>(m.rope_freq_divisors.size()) != Dh / 2)
+        fail(m.source, ": rope_freqs has ", m.rope_freq_divisors.size(), " entries, expected ", Dh / 2);
+    if (!m.vocab.empty() && static_cast<int>(m.vocab.pieces.size()) != c.vocab_size)
+        fail(m.source, ": the vocabulary has ", m.vocab.pieces.size(), " tokens but the model's embedding has ",
+             c.vocab_size, " rows");
+}
+
+// Reads fields of config.json with messages that name the file and the field.
+class ConfigReader {
+    template <class Get>
+    auto checked(std::string_view key, Get get) const -> decltype(get()) {
+        try {
+            return get();
+        } catch (const Error& e) {
+            fail(file_, ": field \"", key, "\": ", e.what());
+        }
+    }
+
 public:
-    using Array = std::vector<Json>;
-    using Object = std::vector<std::pair<std::string, Json>>;  // keeps the file's order
+    ConfigReader(const Json& json, std::string file) : json_(json), file_(std::move(file)) {}
 
-    Json() = default;  // null
-    explicit Json(bool value) : value_(value) {}
-    explicit Json(double value) : value_(value) {}
-    explicit Json(std::string value) : value_(std::move(value)) {}
-    explicit Json(Array value) : value_(std::move(value)) {}
-    explicit Json(Object value) : value_(std::move(value)) {}
-
-    bool is_null() const { return std::holds_alternative<std::monostate>(value_); }
-    bool is_bool() const { return std::holds_alternative<bool>(value_); }
-    bool is_number() const { return std::holds_alternative<double>(value_); }
-    bool is_string() const { return std::holds_alternative<std::string>(value_); }
-    bool is_array() const { return std::holds_alternative<Array>(value_); }
-    bool is_object() const { return std::holds_alternative<Object>(value_); }
-
-    bool as_bool() const { return get<bool>("a boolean"); }
-    double as_number() const { return get<double>("a number"); }
-    const std::string& as_string() const { return get<std::string>("a string"); }
-    const Array& as_array() const { return get<Array>("an array"); }
-    const Object& as_object() const { return get<Object>("an object"); }
-    int64_t as_int() const {
-        double number = as_number();
-        if (number != std::floor(number) || std::abs(number) > 9007199254740992.0)
-            fail("expected an integer, found ", number);
-        return static_cast<int64_t>(number);
-    }
-
-    // Object member or nullptr.
     const Json* find(std::string_view key) const {
-        if (!is_object()) return nullptr;
-        for (const auto& [name, value] : std::get<Object>(value_))
-            if (name == key) return &value;
-        return nullptr;
+        const Json* value = json_.find(key);
+        return value && !value->is_null() ? value : nullptr;
     }
-    const Json& at(std::string_view key) const {
-        const Json* member = find(key);
-        if (!member) fail("missing field \"", key, "\"");
-        return *member;
+    int64_t integer(std::string_view key) const {
+        const Json* value = find(key);
+        if (!value) fail(file_, ": missing field \"", key, "\"");
+        return checked(key, [&] { return value->as_int(); });
     }
-
-    static Json parse(std::string_view text, std::string_view origin = "JSON");
+    int64_t integer_or(std::string_view key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
+    double number_or(std::string_view key, double fallback) const {
+        const Json* value = find(key);
+        return value ? checked(key, [&] { return value->as_number(); }) : fallback;
+    }
+    bool boolean_or(std::string_view key, bool fallback) const {
+        const Json* value = find(key);
+        return value ? checked(key, [&] { return value->as_bool(); }) : fallback;
+    }
+    std::string string(std::string_view key) const {
+        const Json* value = find(key);
+        if (!value) fail(file_, ": missing field \"", key, "\"");
+        return checked(key, [&] { return value->as_string(); });
+    }
+    const std::string& file() const { return file_; }
 
 private:
-    template <class T>
-    const T& get(const char* expected) const {
-        if (const T* value = std::get_if<T>(&value_)) return *value;
-        fail("expected ", expected, ", found ", kind_name());
-    }
-    const char* kind_name() const {
-        static constexpr const char* names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-        return names[value_.index()];
-    }
-    std::variant<std::monostate, bool, double, std::string, Array, Object> value_;
+    const Json& json_;
+    std::string file_;
 };
+
+inline ModelConfig config_from_hugging_face(const Json& json, const std::string& file) {
+    ConfigReader read(json, file);
+    ModelConfig c;
+    c.architecture = read.string("model_type");
+    const Architecture* arch = find_architecture(c.architecture, false);
+    if (!arch)
+        fail(file, ": unsupported model_type \"", c.architecture, "\" (supported: ", architecture_names(false), ")");
+    if (const Json* act = read.find("hidden_act"); act && act->is_string() && act->as_string() != "silu")
+        fail(file, ": unsupported hidden_act \"", act->as_string(), "\" (only silu)");
+    c.dim = static_cast<int>(read.integer("hidden_size"));
+    c.n_layers = static_cast<int>(read.integer("num_hidden_layers"));
+    c.n_heads = static_cast<int>(read.integer("num_attention_heads"));
+    c.n_kv_heads = static_cast<int>(read.integer_or("num_key_value_heads", c.n_heads));
+    c.ffn_dim = static_cast<int>(read.integer("intermediate_size"));
+    c.vocab_size = static_cast<int>(read.integer("vocab_size"));
+    c.context_length = static_cast<int>(read.integer_or("max_position_embeddings", 2048));
+    if (c.n_heads <= 0) fail(file, ": num_attention_heads must be positive, found ", c.n_heads);
+    c.head_dim = static_cast<int>(read.integer_or("head_dim", c.dim / c.n_heads));
+    c.rope_theta = read.number_or("rope_theta", 10000.0);
+    c.norm_eps = read.number_or("rms_norm_eps", 1e-6);
+    c.tied_embeddings = read.boolean_or("tie_word_embeddings", false);
+    c.rope_style = RopeStyle::HalfRotation;
+    c.qkv_bias = arch->qkv_bias || read.boolean_or("attention_bias", false);
+    c.qk_norm = arch->qk_norm;
+    if (read.boolean_or("mlp_bias", false)) fail(file, ": mlp_bias true is not supported");
+    // Mistral applies its window always; Qwen2 only with use_sliding_window (its configs set the size regardless).
+    if (arch->always_windowed || read.boolean_or("use_sliding_window", false))
+        c.sliding_window = static_cast<int>(read.integer_or("sliding_window", 0));
+
+    if (const Json* scaling = read.find("rope_scaling")) {
+        ConfigReader rope(*scaling, file + " rope_scaling");
+        std::string type = rope.find("rope_type") ? rope.string("rope_type") : rope.string("type");
+        if (type == "llama3") {
+            c.rope_scaling.kind = RopeScaling::Kind::Llama3;
+            c.rope_scaling.factor = rope.number_or("factor", 8);
+            c.rope_scaling.low_freq_factor = rope.number_or("low_freq_factor", 1);
+            c.rope_scaling.high_freq_factor = rope.number_or("high_freq_factor", 4);
+            c.rope_scaling.original_context = rope.number_or("original_max_position_embeddings", 8192);
+        } else if (type == "linear") {
+            c.rope_scaling.kind = RopeScaling::Kind::Linear;
+            c.rope_scaling.factor = rope.number_or("factor", 1);
+        } else if (type != "default") {
+            fail(file, ": unsupported rope_scaling type \"", type, "\" (supported: llama3, linear)");
+        }
+        if (!(c.rope_scaling.factor > 0)) fail(file, ": rope_scaling factor must be positive");
+    }
+    if (const Json* bos = read.find("bos_token_id"); bos && bos->is_number()) c.bos_id = static_cast<int>(bos->as_int());
+    if (const Json* eos = read.find("eos_token_id")) {
+        if (eos->is_number()) c.eos_ids.push_back(static_cast<int>(eos->as_int()));
+        else if (eos->is_array())
+            for (const Json& id : eos->as_array()) c.eos_ids.push_back(static_cast<int>(id.as_int()));
+    }
+    return c;
+}
+
+}  // namespace detail
+
+// ---- safetensors -----------------------------------------------------------------------------------------------------
+// Layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}}, then
+// the raw tensor bytes. data_offsets count from the end of the header. Everything is checked against the file size.
+
+namespace detail {
+
+inline uint64_t read_u64_le(const std::byte* p) {
+    uint64_t value = 0;
+    for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(p[i]);
+    return value;
+}
+
+inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile& file) {
+    const std::string& path = file.path();
+    if (file.size() < 8) fail(path, ": truncated safetensors file (", file.size(), " bytes, no header length)");
+    uint64_t header_length = read_u64_le(file.data());
+    if (header_length > file.size() - 8)
+        fail(path, ": safetensors header length ", header_length, " runs past the end of the file (", file.size(),
+             " bytes)");
+    std::string_view header_text(reinterpret_cast<const char*>(file.data() + 8), header_length);
+    Json header = Json::parse(header_text, path + " (safetensors header)");
+    if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
+    const std::byte* body = file.data() + 8 + header_length;
+    const uint64_t body_size = file.size() - 8 - header_length;
+
+    std::unordered_map<std::string, Tensor> tensors;
+    for (const auto& [name, info] : header.as_object()) {
+        if (name == "__metadata__") continue;
+        try {
+            Tensor tensor;
+            tensor.name = name;
+            const std::string& dtype = info.at("dtype").as_string();
+            if (dtype == "F32") tensor.dtype = DType::F32;
+            else if (dtype == "BF16") tensor.dtype = DType::BF16;
+            else if (dtype == "F16") tensor.dtype = DType::F16;
+            else fail("unsupported dtype ", dtype, " (supported: F32, BF16, F16)");
+            for (const Json& dim : info.at("shape").as_array()) {
+                if (dim.as_int() < 0) fail("negative dimension in shape");
+                tensor.shape.push_back(dim.as_int());
+            }
+            const auto& offsets = info.at("data_offsets").as_array();
+            if (offsets.size() != 2) fail("data_offsets must have two entries");
+            int64_t begin = offsets[0].as_int(), end = offsets[1].as_int();
+            if (begin < 0 || end < begin || static_cast<uint64_t>(end) > body_size)
+                fail("data_offsets [", begin, ", ", end, "] run past the end of the file (data section is ", body_size,
+                     " bytes; the file may be truncated)");
+            if (static_cast<uint64_t>(end - begin) != tensor.bytes())
+                fail("data_offsets cover ", end - begin, " bytes but shape ", shape_string(tensor.shape), " in ", dtype,
+                     " needs ", tensor.bytes());
+            tensor.data = body + begin;
+            tensors.emplace(name, std::move(tensor));
+        } catch (const Error& e) {
+            std::string message = e.what();
+            if (message.rfind(path, 0) == 0) throw;
+            fail(path, ": tensor ", name, ": ", message);
+        }
+    }
+    return tensors;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// What each format calls the tensors of a Llama-family model. Layer names are "<prefix><i>.<name>".
+struct TensorNames {
+    const char *embedding, *final_norm, *lm_head, *layer_prefix;
+    const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+inline constexpr TensorNames hugging_face_names{
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight"};
+
+inline constexpr TensorNames gguf_names{
+    "token_embd.weight", "output_norm.weight", "output.weight", "blk.",
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q.bias",
+    "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
+    "ffn_up.weight", "ffn_down.weight"};
+
+// Points a Model's weights at the tensors of a file, by the format's names. The classifier is the embedding when the
+// config says tied and the file has no separate one (some tied checkpoints still ship it: then the file decides, so
+// the parameter count stays honest). Shapes are checked afterwards, by validate_model.
+inline void attach_tensors(Model& model, const std::unordered_map<std::string, Tensor>& tensors, const TensorNames& names) {
+    auto take = [&](const std::string& name) -> Tensor {
+        auto found = tensors.find(name);
+        if (found == tensors.end()) fail(model.source, ": missing tensor ", name);
+        return found->second;
+    };
+    ModelConfig& c = model.config;
+    model.embedding = take(names.embedding);
+    model.final_norm = take(names.final_norm);
+    c.tied_embeddings = c.tied_embeddings && !tensors.count(names.lm_head);
+    model.lm_head = c.tied_embeddings ? model.embedding : take(names.lm_head);
+    for (int i = 0; i < c.n_layers; ++i) {
+        const std::string p = names.layer_prefix + std::to_string(i) + ".";
+        LayerWeights layer;
+        layer.attn_norm = take(p + names.attn_norm);
+        layer.wq = take(p + names.wq);
+        layer.wk = take(p + names.wk);
+        layer.wv = take(p + names.wv);
+        layer.wo = take(p + names.wo);
+        if (c.qkv_bias) {
+            layer.bq = take(p + names.bq);
+            layer.bk = take(p + names.bk);
+            layer.bv = take(p + names.bv);
+        }
+        if (c.qk_norm) {
+            layer.q_norm = take(p + names.q_norm);
+            layer.k_norm = take(p + names.k_norm);
+        }
+        layer.ffn_norm = take(p + names.ffn_norm);
+        layer.w_gate = take(p + names.w_gate);
+        layer.w_up = take(p + names.w_up);
+        layer.w_down = take(p + names.w_down);
+        model.layers.push_back(std::move(layer));
+    }
+}
+
+}  // namespace detail
+
+// A Hugging Face folder: config.json, and model.safetensors or shards listed in model.safetensors.index.json.
+inline Model load_hugging_face(const std::filesystem::path& folder) {
+    Model model;
+    model.source = folder.string();
+    model.format = ModelFormat::HuggingFace;
+    auto config_path = folder / "config.json";
+    Json config_json = Json::parse(read_text_file(config_path), config_path.string());
+    if (!config_json.is_object()) fail(config_path.string(), ": not a JSON object");
+    model.config = detail::config_from_hugging_face(config_json, config_path.string());
+    // generation_config.json often lists more end ids than config.json (Llama 3 Instruct: <|eot_id|> as well).
+    if (auto generation_path = folder / "generation_config.json"; std::filesystem::exists(generation_path)) {
+        Json generation = Json::parse(read_text_file(generation_path), generation_path.string());
+        if (const Json* eos = generation.find("eos_token_id")) {
+            std::vector<const Json*> ids;
+            if (eos->is_number()) ids.push_back(eos);
+            if (eos->is_array())
+                for (const Json& id : eos->as_array()) ids.push_back(&id);
+            for (const Json* id : ids) {
+                if (!id->is_number()) fail(generation_path.string(), ": eos_token_id holds a value that is not a token id");
+                int value = static_cast<int>(id->as_int());
+                if (std::find(model.config.eos_ids.begin(), model.config.eos_ids.end(), value) == model.config.eos_ids.end())
+                    model.config.eos_ids.push_back(value);
+            }
+        }
+    }
+
+    std::unordered_map<std::string, Tensor> tensors;
+    std::unordered_map<std::string, std::string> tensor_file;  // for messages
+    auto add_file = [&](const std::filesystem::path& path) {
+        auto file = std::make_shared<MappedFile>(path);
+        for (auto& [name, tensor] : detail::read_safetensors(*file)) {
+            tensor_file[name] = path.string();
+            tensors[name] = std::move(tensor);
+        }
+        model.files.push_back(std::move(file));
+    };
+    auto index_path = folder / "model.safetensors.index.json";
+    if (std::filesystem::exists(folder / "model.safetensors")) {
+        add_file(folder / "model.safetensors");
+    } else if (std::filesystem::exists(index_path)) {
+        Json index = Json::parse(read_text_file(index_path), index_path.string());
+        std::vector<std::string> shards;
+        const Json* map = index.find("weight_map");
+        if (!map || !map->is_object()) fail(index_path.string(), ": missing object field \"weight_map\"");
+        for (const auto& [name, shard] : map->as_object()) {
+            if (!shard.is_string()) fail(index_path.string(), ": weight_map entry ", name, " is not a file name");
+            if (std::find(shards.begin(), shards.end(), shard.as_string()) == shards.end()) shards.push_back(shard.as_string());
+        }
+        for (const auto& shard : shards) add_file(folder / shard);
+    } else {
+        fail(folder.string(), ": no model.safetensors or model.safetensors.index.json");
+    }
+
+    detail::attach_tensors(model, tensors, detail::hugging_face_names);
+    detail::validate_model(model);
+    return model;
+}
+
+// ---- GGUF ------------------------------------------------------------------------------------------------------------
+// Layout: "GGUF", u32 version, u64 tensor count, u64 metadata count, metadata (key, type, value)*, tensor infos
+// (name, n_dims, dims innermost first, type, offset)*, padding to general.alignment, tensor data. Strings are u64
+// length + bytes. Every read is bounds-checked: a truncated or hostile file gets an error, never a wild read.
+
+namespace detail {
+
+class ByteReader {
+public:
+    explicit ByteReader(const MappedFile& file) : file_(file) {}
+
+    template <class T>
+    T read() {
+        need(sizeof(T), "a value");
+        T value;
+        std::memcpy(&value, file_.data() + pos_, sizeof(T));
+        pos_ += sizeof(T);
+        return value;
+    }
+    std::string read_string() {
+        uint64_t length = read<uint64_t>();
+        need(length, "a string");
+        std::string text(reinterpret_cast<const char*>(file_.data() + pos_), length);
+        pos_ += length;
+        return text;
+    }
+    void need(uint64_t bytes, const char* what) const {
+        if (bytes > file_.size() - pos_)
+            fail(file_.path(), ": truncated GGUF: ", what, " of ", bytes, " bytes at offset ", pos_, " runs past the end (",
+                 file_.size(), " bytes)");
+    }
+    size_t position() const { return pos_; }
+    void seek(size_t pos) { pos_ = pos; }
+
+private:
+    const MappedFile& file_;
+    size_t pos_ = 0;
+};
+
+// GGUF metadata values as one small variant: numbers as double/int64, strings, and arrays of either.
+struct GgufValue {
+    std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>, std::vector<std::string>> value;
+};
+
+// One metadata value, its type tag read first (appendix A decodes the 13 types).
+inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::string& path, const std::string& key);
+inline const char* gguf_tensor_type_name(uint32_t type);  // "Q4_K" for GGUF type id 12; nullptr when unknown
+
+}  // namespace detail
+
+struct GgufFile {
+    std::shared_ptr<MappedFile> file;
+    uint32_t version = 0;
+    std::map<std::string, detail::GgufValue> metadata;
+    std::unordered_map<std::string, Tensor> tensors;
+
+    const detail::GgufValue* find(const std::string& key) const {
+        auto found = metadata.find(key);
+        return found == metadata.end() ? nullptr : &found->second;
+    }
+    int64_t integer(const std::string& key) const {
+        const detail::GgufValue* v = find(key);
+        if (!v) fail(file->path(), ": missing GGUF metadata ", key);
+        if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
+        if (auto* b = std::get_if<bool>(&v->value)) return *b;
+        fail(file->path(), ": GGUF metadata ", key, " is not an integer");
+    }
+    int64_t integer_or(const std::string& key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
+    double number_or(const std::string& key, double fallback) const {
+        const detail::GgufValue* v = find(key);
+        if (!v) return fallback;
+        if (auto* d = std::get_if<double>(&v->value)) return *d;
+        if (auto* i = std::get_if<int64_t>(&v->value)) return static_cast<double>(*i);
+        fail(file->path(), ": GGUF metadata ", key, " is not a number");
+    }
+    std::string string_or(const std::string& key, std::string fallback) const {
+        const detail::GgufValue* v = find(key);
+        if (!v) return fallback;
+        if (auto* s = std::get_if<std::string>(&v->value)) return *s;
+        fail(file->path(), ": GGUF metadata ", key, " is not a string");
+    }
+    template <class T>
+    const std::vector<T>* array(const std::string& key) const {
+        const detail::GgufValue* v = find(key);
+        if (!v) return nullptr;
+        if (auto* items = std::get_if<std::vector<T>>(&v->value)) return items;
+        fail(file->path(), ": GGUF metadata ", key, " is not an array of the expected type");
+    }
+};
+
+inline GgufFile read_gguf(const std::filesystem::path& path) {
+    GgufFile gguf;
+    gguf.file = std::make_shared<MappedFile>(path);
+    const MappedFile& file = *gguf.file;
+    detail::ByteReader in(file);
+    if (file.size() < 4 || std::memcmp(file.data(), "GGUF", 4) != 0)
+        fail(path.string(), ": not a GGUF file (bad magic; expected \"GGUF\")");
+    in.seek(4);
+    gguf.version = in.read<uint32_t>();
+    if (gguf.version != 2 && gguf.version != 3)
+        fail(path.string(), ": unsupported GGUF version ", gguf.version, " (supported: 2, 3)");
+    uint64_t tensor_count = in.read<uint64_t>();
+    uint64_t metadata_count = in.read<uint64_t>();
+    for (uint64_t i = 0; i < metadata_count; ++i) {
+        std::string key = in.read_string();
+        uint32_t type = in.read<uint32_t>();
+        gguf.metadata[key] = detail::gguf_read_value(in, type, path.string(), key);
+    }
+    struct Info {
+        Tensor tensor;
+        uint64_t offset;
+    };
+    std::vector<Info> infos;
+    in.need(tensor_count, "the tensor list");
+    for (uint64_t i = 0; i < tensor_count; ++i) {
+        Info info;
+        info.tensor.name = in.read_string();
+        uint32_t n_dims = in.read<uint32_t>();
+        if (n_dims == 0 || n_dims > 4) fail(path.string(), ": tensor ", info.tensor.name, " has ", n_dims, " dimensions");
+        std::vector<int64_t> dims(n_dims);
+        for (auto& dim : dims) dim = static_cast<int64_t>(in.read<uint64_t>());
+        std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
+        info.tensor.shape = dims;
+        uint32_t type = in.read<uint32_t>();
+        if (type == 0) info.tensor.dtype = DType::F32;
+        else if (type == 1) info.tensor.dtype = DType::F16;
+        else if (type == 30) info.tensor.dtype = DType::BF16;
+        else {
+            const char* name = detail::gguf_tensor_type_name(type);
+            fail(path.string(), ": tensor ", info.tensor.name, " has type ",
+                         name ? name : ("unknown (" + std::to_string(type) + ")"),
+                         ", which is not supported (supported: F32, F16, BF16)");
+        }
+        info.offset = in.read<uint64_t>();
+        infos.push_back(std::move(info));
+    }
+    uint64_t alignment = static_cast<uint64_t>(gguf.integer_or("general.alignment", 32));
+    if (alignment == 0) fail(path.string(), ": general.alignment is 0");
+    uint64_t data_start = (in.position() + alignment - 1) / alignment * alignment;
+    for (auto& info : infos) {
+        uint64_t bytes = info.tensor.bytes();
+        if (data_start > file.size() || info.offset > file.size() - data_start || bytes > file.size() - data_start - info.offset)
+            fail(path.string(), ": tensor ", info.tensor.name, " (", bytes, " bytes at data offset ", info.offset,
+                         ") runs past the end of the file (", file.size(), " bytes; truncated?)");
+        info.tensor.data = file.data() + data_start + info.offset;
+        gguf.tensors[info.tensor.name] = std::move(info.tensor);
+    }
+    return gguf;
+}
+
+namespace detail {
+
+inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
+    Vocabulary vocab;
+    const std::string path = gguf.file->path();
+    std::string kind = gguf.string_or("tokenizer.ggml.model", "");
+    vocab.model_name = kind;
+    vocab.model = kind == "llama" ? Vocabulary::Model::Scores
+                : kind == "gpt2"  ? Vocabulary::Model::RankedMerges
+                                  : Vocabulary::Model::Unsupported;
+    if (vocab.model == Vocabulary::Model::Unsupported) return vocab;  // none, or one we cannot read ("bert"): ids work
+    const auto* tokens = gguf.array<std::string>("tokenizer.ggml.tokens");
+    if (!tokens) fail(path, ": missing GGUF metadata tokenizer.ggml.tokens");
+    vocab.pieces = *tokens;
+    if (const auto* scores = gguf.array<double>("tokenizer.ggml.scores")) {
+        if (scores->size() != tokens->size()) fail(path, ": tokenizer.ggml.scores has ", scores->size(), " entries for ", tokens->size(), " tokens");
+        vocab.scores.assign(scores->begin(), scores->end());
+    } else {
+        vocab.scores.assign(tokens->size(), 0.0f);
+    }
+    vocab.types.assign(tokens->size(), Vocabulary::Type::Normal);
+    if (const auto* types = gguf.array<int64_t>("tokenizer.ggml.token_type")) {
+        if (types->size() != tokens->size()) fail(path, ": tokenizer.ggml.token_type has ", types->size(), " entries for ", tokens->size(), " tokens");
+        for (size_t i = 0; i < types->size(); ++i) vocab.types[i] = static_cast<Vocabulary::Type>((*types)[i]);
+    }
+    vocab.unk_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.unknown_token_id", 0));
+    vocab.add_bos = gguf.integer_or("tokenizer.ggml.add_bos_token", kind == "llama") != 0;
+    vocab.add_eos = gguf.integer_or("tokenizer.ggml.add_eos_token", 0) != 0;
+    vocab.add_space_prefix = gguf.integer_or("tokenizer.ggml.add_space_prefix", 1) != 0;
+    vocab.chat_template = gguf.string_or("tokenizer.chat_template", "");
+    if (kind == "gpt2") {
+        const auto* merges = gguf.array<std::string>("tokenizer.ggml.merges");
+        if (!merges) fail(path, ": missing GGUF metadata tokenizer.ggml.merges (needed by a \"gpt2\" vocabulary)");
+        vocab.merges = *merges;
+        vocab.pre = gguf.string_or("tokenizer.ggml.pre", "default");
+    }
+    return vocab;
+}
+
+}  // namespace detail
+
+inline Model load_gguf(const std::filesystem::path& path) {
+    GgufFile gguf = read_gguf(path);
+    Model model;
+    model.source = path.string();
+    model.format = ModelFormat::Gguf;
+    model.files.push_back(gguf.file);
+    ModelConfig& c = model.config;
+    c.architecture = gguf.string_or("general.architecture", "");
+    const Architecture* arch = find_architecture(c.architecture, true);
+    if (!arch)
+        fail(model.source, ": unsupported general.architecture \"", c.architecture, "\" (supported: ",
+             architecture_names(true), ")");
+    const std::string a = c.architecture + ".";
+    c.dim = static_cast<int>(gguf.integer(a + "embedding_length"));
+    c.n_layers = static_cast<int>(gguf.integer(a + "block_count"));
+    c.ffn_dim = static_cast<int>(gguf.integer(a + "feed_forward_length"));
+    c.n_heads = static_cast<int>(gguf.integer(a + "attention.head_count"));
+    c.n_kv_heads = static_cast<int>(gguf.integer_or(a + "attention.head_count_kv", c.n_heads));
+    if (c.n_heads <= 0) fail(model.source, ": ", a, "attention.head_count must be positive");
+    c.head_dim = static_cast<int>(gguf.integer_or(a + "attention.key_length", c.dim / c.n_heads));
+    c.context_length = static_cast<int>(gguf.integer_or(a + "context_length", 2048));
+    c.rope_theta = gguf.number_or(a + "rope.freq_base", 10000.0);
+    c.norm_eps = gguf.number_or(a + "attention.layer_norm_rms_epsilon", 1e-5);
+    c.rope_style = arch->gguf_rope_pairs ? RopeStyle::AdjacentPairs : RopeStyle::HalfRotation;
+    c.qkv_bias = arch->qkv_bias;
+    c.qk_norm = arch->qk_norm;
+    std::string scaling = gguf.string_or(a + "rope.scaling.type", "none");
+    if (scaling == "linear") {
+        c.rope_scaling.kind = RopeScaling::Kind::Linear;
+        c.rope_scaling.factor = gguf.number_or(a + "rope.scaling.factor", 1);
+    } else if (scaling != "none" && scaling != "yarn") {
+        fail(model.source, ": unsupported ", a, "rope.scaling.type \"", scaling, "\"");
+    } else if (scaling == "yarn") {
+        fail(model.source, ": unsupported ", a, "rope.scaling.type \"yarn\"");
+    }
+    c.bos_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.bos_token_id", -1));
+    if (gguf.find("tokenizer.ggml.eos_token_id")) c.eos_ids.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
+    if (gguf.find("tokenizer.ggml.eot_token_id")) {
+        int eot = static_cast<int>(gguf.integer("tokenizer.ggml.eot_token_id"));
+        if (std::find(c.eos_ids.begin(), c.eos_ids.end(), eot) == c.eos_ids.end()) c.eos_ids.push_back(eot);
+    }
+
+    // GGUF has no tie flag: a file without output.weight reads its classifier from the embedding.
+    c.tied_embeddings = true;
+    detail::attach_tensors(model, gguf.tensors, detail::gguf_names);
+    c.vocab_size = static_cast<int>(model.embedding.rows());
+    // Llama 3's frequency scaling is baked into the file as per-frequency divisors.
+    if (auto found = gguf.tensors.find("rope_freqs.weight"); found != gguf.tensors.end()) {
+        const Tensor& freqs = found->second;
+        for (int64_t i = 0; i < freqs.elements(); ++i) model.rope_freq_divisors.push_back(freqs.at(i));
+    }
+    model.vocab = detail::vocabulary_from_gguf(gguf);
+    detail::validate_model(model);
+    return model;
+}
+
+// ---- llama2.c --------------------------------------------------------------------------------------------------------
+// Karpathy's legacy format: 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative
+// vocab_size means a separate classifier), then float32 arrays with all layers of one kind stored together. Its q/k
+// rows use adjacent-pair RoPE. The vocabulary lives in a separate tokenizer.bin.
+
+// vocab_size < 0 reads entries until the end of the file (the file itself does not say how many it holds).
+inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size) {
+    MappedFile file(path);
+    detail::ByteReader in(file);  // the same bounds-checked little-endian reads
+    Vocabulary vocab;
+    in.read<uint32_t>();           // max_token_length: not needed
+    for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
+        float score = in.read<float>();
+        int32_t length = in.read<int32_t>();
+        if (length < 0) fail(path.string(), ": token ", id, " has negative length ", length);
+        in.need(static_cast<uint64_t>(length), "a token");
+        std::string piece(reinterpret_cast<const char*>(file.data() + in.position()), static_cast<size_t>(length));
+        in.seek(in.position() + static_cast<size_t>(length));
+        // The file stores "▁" as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n": restore SentencePiece's spelling.
+        auto type = Vocabulary::Type::Normal;
+        if (id == 0) type = Vocabulary::Type::Unknown;
+        else if (id == 1 || id == 2) {
+            type = Vocabulary::Type::Control;
+            piece.erase(std::remove(piece.begin(), piece.end(), '\n'), piece.end());
+        } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
+            type = Vocabulary::Type::Byte;
+        } else {
+            std::string restored;
+            for (char ch : piece) restored += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
+            piece = restored;
+        }
+        vocab.pieces.push_back(piece);
+        vocab.scores.push_back(score);
+        vocab.types.push_back(type);
+    }
+    return vocab;
+}
+
+inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path) {
+    Model model;
+    model.source = path.string();
+    model.format = ModelFormat::Llama2c;
+    auto file = std::make_shared<MappedFile>(path);
+    model.files.push_back(file);
+    if (file->size() < 28) fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
+    int32_t header[7];
+    std::memcpy(header, file->data(), sizeof header);
+    ModelConfig& c = model.config;
+    c.architecture = "llama";
+    c.dim = header[0];
+    c.ffn_dim = header[1];
+    c.n_layers = header[2];
+    c.n_heads = header[3];
+    c.n_kv_heads = header[4];
+    c.vocab_size = std::abs(header[5]);
+    c.context_length = header[6];
+    c.tied_embeddings = header[5] > 0;
+    if (c.n_heads <= 0 || c.dim <= 0) fail(model.source, ": bad llama2.c header (dim ", c.dim, ", heads ", c.n_heads, ")");
+    c.head_dim = c.dim / c.n_heads;
+    c.rope_style = RopeStyle::AdjacentPairs;
+    c.rope_theta = 10000;
+    c.norm_eps = 1e-5;
+    c.bos_id = 1;
+    c.eos_ids = {2, 1};  // run.c ends a story when the model starts the next one with BOS
+    detail::validate_config(c, model.source);
+
+    const int64_t D = c.dim, F = c.ffn_dim, L = c.n_layers, V = c.vocab_size, S = c.context_length;
+    const int64_t q_width = int64_t{c.n_heads} * c.head_dim, kv_width = int64_t{c.n_kv_heads} * c.head_dim;
+    const int64_t floats = V * D + L * D + L * D * q_width + 2 * L * D * kv_width + L * q_width * D + L * D +
+                           3 * L * F * D + D + S * c.head_dim + (c.tied_embeddings ? 0 : V * D);
+    const uint64_t expected = 28 + static_cast<uint64_t>(floats) * 4;
+    if (file->size() != expected)
+        fail(model.source, ": llama2.c file is ", file->size(), " bytes but its header (dim ", D, ", hidden ", F,
+                     ", layers ", L, ", heads ", c.n_heads, ", kv heads ", c.n_kv_heads, ", vocab ", V, ", seq_len ", S,
+                     ") needs ", expected);
+
+    const std::byte* cursor = file->data() + 28;
+    auto next = [&](const char* name, std::vector<int64_t> shape) {
+        Tensor t{name, DType::F32, std::move(shape), cursor};
+        cursor += t.bytes();
+        return t;
+    };
+    // Per-layer views into one array per kind: layer i starts i × (size of one layer's tensor) further.
+    auto per_layer = [&](const char* name, std::vector<int64_t> shape, auto member) {
+        Tensor all = next(name, {L * std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>())});
+        model.layers.resize(static_cast<size_t>(L));
+        for (int64_t i = 0; i < L; ++i) {
+            Tensor& t = model.layers[static_cast<size_t>(i)].*member;
+            t = Tensor{std::string(name) + "[" + std::to_string(i) + "]", DType::F32, shape, all.data + i * (all.bytes() / L)};
+        }
+    };
+    model.embedding = next("token_embedding_table", {V, D});
+    per_layer("rms_att_weight", {D}, &LayerWeights::attn_norm);
+    per_layer("wq", {q_width, D}, &LayerWeights::wq);
+    per_layer("wk", {kv_width, D}, &LayerWeights::wk);
+    per_layer("wv", {kv_width, D}, &LayerWeights::wv);
+    per_layer("wo", {D, q_width}, &LayerWeights::wo);
+    per_layer("rms_ffn_weight", {D}, &LayerWeights::ffn_norm);
+    per_layer("w1", {F, D}, &LayerWeights::w_gate);
+    per_layer("w2", {D, F}, &LayerWeights::w_down);
+    per_layer("w3", {F, D}, &LayerWeights::w_up);
+    model.final_norm = next("rms_final_weight", {D});
+    next("freq_cis", {S * c.head_dim});  // precomputed RoPE tables: we compute our own
+    model.lm_head = c.tied_embeddings ? model.embedding : next("wcls", {V, D});
+    if (!tokenizer_path.empty()) model.vocab = load_llama2c_tokenizer(tokenizer_path, c.vocab_size);
+    detail::validate_model(model);
+    return model;
+}
+
+// Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
+// (whose tokenizer defaults to tokenizer.bin beside it).
+inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
+    if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
+    Model model;
+    if (std::filesystem::is_directory(path)) {
+        model = load_hugging_face(path);
+    } else {
+        char magic[4] = {};
+        std::ifstream(path, std::ios::binary).read(magic, 4);
+        if (std::memcmp(magic, "GGUF", 4) == 0 || detail::ends_with(path.string(), ".gguf")) {
+            model = load_gguf(path);
+        } else {
+            if (tokenizer_path.empty()) {
+                tokenizer_path = path.parent_path() / "tokenizer.bin";
+                if (!std::filesystem::exists(tokenizer_path)) tokenizer_path.clear();  // ids only, then
+            }
+            model = load_llama2c(path, tokenizer_path);
+        }
+    }
+    return model;
+}
+
+// ==== 03 TOKENIZER ===================================================================================================
+// Text to token ids and back, for every format the loaders read, behind one Tokenizer. Two families: SentencePiece
+// score-based BPE (llama2.c tokenizer.bin, GGUF "llama"): merge the adjacent pair whose piece scores highest; and
+// Hugging Face ranked-merge BPE (tokenizer.json, GGUF "gpt2"): split off added tokens, normalize, cut the text into
+// pre-tokens (a regex, or SentencePiece's "▁" rule), then merge the pair with the lowest merge rank. Both keep the
+// symbols in a linked list and the candidate pairs in a heap: O(n log n) in a word's length. Cost: about a microsecond
+// per word (cached words less), negligible next to prefill. A model only ever sees ids, so the one bug to fear is a
+// tokenizer that disagrees with the one the model was trained with: the tests hold every format against Hugging Face's
+// ids. (chapter 03)
+
+namespace detail {
+// UTF-8, as the tokenizer needs it (appendix C): the length a lead byte announces (0: not a lead byte); the offset of
+// the first invalid sequence (npos: none); bytes to text with each invalid run as one U+FFFD, as Hugging Face decodes.
+inline int utf8_sequence_length(unsigned char lead);
+inline size_t find_invalid_utf8(std::string_view text);
+inline std::string utf8_lossy(std::string_view bytes);
+inline bool starts_with(std::string_view text, std::string_view prefix);
+inline bool ends_with_replacement(std::string_view text);  // a character whose remaining bytes are still to come
+class Regex;  // the pre-tokenizers' split patterns (appendix D)
+}  // namespace detail
+
+// ---- The pipeline's parts -------------------------------------------------------------------------------------------
+// Hugging Face's tokenizer.json names each stage's component; these are the ones Llama 2/3, Mistral, Qwen2/3, SmolLM,
+// TinyLlama and GPT-2 use. The loader turns each JSON component into one of these steps (a Sequence becomes several).
+
+namespace detail {
+
+struct AddedToken {
+    int id = -1;
+    std::string content;
+    bool special = false;      // a control token (BOS, <|im_start|>): its text stays in a raw decode
+    bool lstrip = false;       // swallow the whitespace before it
+    bool rstrip = false;       // … and after it
+    bool single_word = false;  // match only between non-word characters
+    bool normalized = false;   // matched in the normalized text (else in the raw text, before normalization)
+};
+
+struct NormalizerStep {
+    enum class Kind { Prepend, Replace, Nfc } kind = Kind::Prepend;
+    std::string text;                    // Prepend: the prefix; Replace: the literal pattern
+    std::shared_ptr<const Regex> regex;  // Replace with a regex pattern
+    std::string content;                 // Replace: the replacement
+};
+
+struct PreTokenizerStep {
+    enum class Kind { Metaspace, ByteLevel, Split, Digits } kind = Kind::Metaspace;
+    enum class Prepend { Always, First, Never } prepend = Prepend::Always;  // Metaspace
+    std::string replacement = "\xE2\x96\x81";                              // Metaspace: "▁"
+    bool split = true;                                                     // Metaspace: cut before each "▁"
+    bool add_prefix_space = false;                                         // ByteLevel
+    bool use_regex = true;                                                 // ByteLevel: cut with GPT-2's pattern
+    std::shared_ptr<const Regex> regex;                                    // Split (or ByteLevel's)
+    std::string literal;                                                   // Split with a {"String": ...} pattern
+    bool remove_matches = false;                                           // Split behaviour Removed (else Isolated)
+    bool individual_digits = false;                                        // Digits
+};
+
+struct DecoderStep {
+    enum class Kind { ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip } kind = Kind::Fuse;
+    std::string pattern, content;  // Replace; Strip's content; Metaspace's replacement in `pattern`
+    bool drop_first_marker = true; // Metaspace: the first token's "▁" is the prepended one (prepend scheme not never)
+    int start = 0, stop = 0;       // Strip: how many `content` characters to remove at each end
+};
+
+// One piece of text on its way to the model, and whether it starts the input (Metaspace's "first" prepend scheme).
+struct Piece {
+    std::string text;
+    bool at_start = false;
+};
+
+}  // namespace detail
+
+// ---- Tokenizer ------------------------------------------------------------------------------------------------------
+
+namespace detail {
+struct TokenizerBuilder;  // builds a Tokenizer's state from each format (appendix E)
+}
+
+class Tokenizer {
+public:
+    enum class Kind {
+        SentencePieceScores,  // llama2.c tokenizer.bin, GGUF "llama": merge by piece score
+        Bpe                   // tokenizer.json, GGUF "gpt2": merge by rank, with normalizers and pre-tokenizers
+    };
+
+    Tokenizer() = default;
+
+    // Text to ids. add_special_tokens adds what the tokenizer adds by default: BOS for Llama 2, <|begin_of_text|> for
+    // Llama 3 Instruct, nothing for GPT-2 or Qwen (Hugging Face's post-processor; add_bos_token for the other formats).
+    // Special-token text written in `text` ("<s>", "<|im_start|>") always becomes its id, as Hugging Face does.
+    std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const {
+        const State& s = state();
+        if (size_t bad = detail::find_invalid_utf8(text); bad != std::string_view::npos)
+            fail("invalid UTF-8 in the input text at byte offset ", bad);
+        std::vector<int> ids;
+        if (s.kind == Kind::SentencePieceScores) {
+            if (add_special_tokens && s.add_bos && s.bos_id >= 0) ids.push_back(s.bos_id);
+            encode_sentencepiece(text, ids);
+            if (add_special_tokens && s.add_eos && !s.eos_ids.empty()) ids.push_back(s.eos_ids[0]);
+            return ids;
+        }
+        // Added tokens matched in the raw text first; the rest is normalized, then searched for normalized added
+        // tokens, then cut into pre-tokens, each of which the BPE model turns into ids.
+        for (const Segment& raw : split_added_tokens(text, false)) {
+            if (raw.id >= 0) {
+                ids.push_back(raw.id);
+                continue;
+            }
+            std::string normalized = normalize(raw.text);
+            for (const Segment& part : split_added_tokens(normalized, true)) {
+                if (part.id >= 0) {
+                    ids.push_back(part.id);
+                    continue;
+                }
+                for (const detail::Piece& piece : pre_tokenize(std::string(part.text), raw.offset == 0 && part.offset == 0))
+                    encode_word(piece.text, ids);
+            }
+        }
+        if (!add_special_tokens) return ids;
+        if (s.has_template) {
+            std::vector<int> templated;
+            for (const auto& item : s.template_items) {
+                if (item.is_sequence) templated.insert(templated.end(), ids.begin(), ids.end());
+                else templated.insert(templated.end(), item.ids.begin(), item.ids.end());
+            }
+            return templated;
+        }
+        if (!s.has_post_processor) {  // no post-processor: tokenizer_config.json's add_bos_token / add_eos_token
+            if (s.add_bos && s.bos_id >= 0) ids.insert(ids.begin(), s.bos_id);
+            if (s.add_eos && !s.eos_ids.empty()) ids.push_back(s.eos_ids[0]);
+        }
+        return ids;
+    }
+
+    // Ids to text as Hugging Face's raw decode: special tokens kept as their text, no clean-up of spaces. Bytes that
+    // do not form UTF-8 become U+FFFD.
+    std::string decode(std::span<const int> ids) const {
+        const State& s = state();
+        if (s.kind == Kind::SentencePieceScores) {
+            std::string text;
+            int previous = -1;
+            for (int id : ids) {
+                text += sentencepiece_bytes(id, previous);
+                previous = id;
+            }
+            return detail::utf8_lossy(text);
+        }
+        std::vector<std::string> tokens;
+        tokens.reserve(ids.size());
+        for (int id : ids) tokens.push_back(token_text(id));
+        if (s.decoders.empty()) {  // Hugging Face joins undecoded tokens with spaces
+            std::string text;
+            for (size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
+            return detail::utf8_lossy(text);
+        }
+        for (const detail::DecoderStep& step : s.decoders) tokens = apply_decoder(step, std::move(tokens));
+        std::string text;
+        for (const std::string& token : tokens) text += token;
+        return detail::utf8_lossy(text);
+    }
+
+    Kind kind() const { return state().kind; }
+    int vocab_size() const { return static_cast<int>(state().id_to_token.size()); }
+    // The token's text as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>", "<|im_start|>").
+    const std::string& token_text(int id) const {
+        if (id < 0 || id >= vocab_size())
+            fail("token id ", id, " is outside the vocabulary (", vocab_size(), " tokens)");
+        return state().id_to_token[static_cast<size_t>(id)];
+    }
+    int bos_id() const { return state().bos_id; }                     // -1 when there is none
+    const std::vector<int>& eos_ids() const { return state().eos_ids; }  // generation stops at any of them
+    const std::string& bos_token() const { return state().bos_token; }   // text for chat templates ("" when none)
+    const std::string& eos_token() const { return state().eos_token; }
+    const std::string& chat_template() const { return state().chat_template; }  // Jinja source, "" when none
+    const std::string& source() const { return state().source; }
+
+    // For teaching: the symbols of one pre-token (normalized and mapped as encode would, e.g. " " → "Ġ") before the
+    // first merge and after each merge, ending with its tokens. Ranked-merge BPE tokenizers only.
+    std::vector<std::vector<std::string>> merge_steps(std::string_view pre_token) const {
+        const State& s = state();
+        if (s.kind != Kind::Bpe)
+            fail(s.source, ": merge_steps shows ranked merges; this is a SentencePiece score tokenizer");
+        if (size_t bad = detail::find_invalid_utf8(pre_token); bad != std::string_view::npos)
+            fail("invalid UTF-8 in the input text at byte offset ", bad);
+        std::vector<detail::Piece> pieces = pre_tokenize(normalize(pre_token), true);
+        if (pieces.size() != 1)
+            fail("merge_steps: \"", pre_token, "\" is ", pieces.size(), " pre-tokens for this tokenizer, not one");
+        std::vector<std::vector<std::string>> steps;
+        merge_word(pieces[0].text, &steps);
+        return steps;
+    }
+
+private:
+    friend struct detail::TokenizerBuilder;
+    friend class TextStream;
+
+    struct TemplateItem {
+        bool is_sequence = false;  // the encoded text ("$A"); else the special token's ids
+        std::vector<int> ids;
+    };
+
+    // Everything a tokenizer knows, shared by its copies: a Tokenizer is cheap to copy and pass by value.
+    struct State {
+        Kind kind = Kind::Bpe;
+        std::string source;  // the file it came from, for messages
+        std::vector<std::string> id_to_token;
+        std::unordered_map<std::string, int> token_to_id;
+        int bos_id = -1;
+        std::vector<int> eos_ids;
+        std::string bos_token, eos_token, chat_template;
+        bool add_bos = false, add_eos = false;
+        std::array<int, 256> byte_ids = [] {  // the <0xNN> tokens, -1 where absent
+            std::array<int, 256> none;
+            none.fill(-1);
+            return none;
+        }();
+
+        // SentencePiece scores.
+        std::vector<float> scores;
+        std::vector<Vocabulary::Type> types;
+        std::vector<int> sentencepiece_specials;  // control/user-defined pieces matched whole, longest first
+        bool add_space_prefix = true;
+        int unk_id = -1;
+
+        // Ranked-merge BPE.
+        std::unordered_map<uint64_t, std::pair<int, int>> merges;  // (left id << 32 | right id) → (rank, merged id)
+        bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+        std::vector<detail::AddedToken> added;                        // longest content first
+        std::array<std::vector<int>, 256> added_by_first_byte[2];     // [normalized?][first byte] → indices into added
+        std::vector<detail::NormalizerStep> normalizers;
+        std::vector<detail::PreTokenizerStep> pre_tokenizers;
+        std::vector<detail::DecoderStep> decoders;
+        bool has_post_processor = false, has_template = false;
+        std::vector<TemplateItem> template_items;
+
+        // Words seen before and their ids: text repeats its words, and a lookup is cheaper than merging again.
+        mutable std::mutex cache_mutex;
+        mutable std::unordered_map<std::string, std::vector<int>> word_cache;
+    };
+
+    const State& state() const {
+        if (!state_) fail("this Tokenizer is empty (default-constructed): load one with load_tokenizer");
+        return *state_;
+    }
+
+    std::shared_ptr<State> state_;
+
+    // ---- SentencePiece scores -----------------------------------------------------------------------------------
+
+    void encode_sentencepiece(std::string_view text, std::vector<int>& ids) const {
+        const State& s = *state_;
+        // Split around special pieces; each stretch of plain text gets SentencePiece's dummy-prefix space when it
+        // starts the text or follows a special token, as llama.cpp does.
+        bool after_special = true;
+        size_t start = 0;
+        while (start <= text.size()) {
+            size_t match_at = text.size();
+            int match_id = -1;
+            for (size_t i = start; i < text.size() && match_id < 0; ++i)
+                for (int id : s.sentencepiece_specials) {
+                    const std::string& piece = s.id_to_token[id];
+                    if (text.compare(i, piece.size(), piece) == 0) {
+                        match_at = i;
+                        match_id = id;
+                        break;
+                    }
+                }
+            std::string_view plain = text.substr(start, match_at - start);
+            if (!plain.empty()) encode_sentencepiece_plain(plain, after_special, ids);
+            if (match_id < 0) break;
+            ids.push_back(match_id);
+            after_special = true;
+            start = match_at + s.id_to_token[match_id].size();
+        }
+    }
+
+    void encode_sentencepiece_plain(std::string_view plain, bool dummy_prefix, std::vector<int>& ids) const {
+        const State& s = *state_;
+        std::string text;
+        if (dummy_prefix && s.add_space_prefix) text += "\xE2\x96\x81";
+        for (char ch : plain) {
+            if (ch == ' ') text += "\xE2\x96\x81";
+            else text += ch;
+        }
+        // One symbol per UTF-8 character, kept as a doubly linked list so merges are O(1).
+        struct Symbol {
+            size_t begin, length;
+            int prev, next;
+        };
+        std::vector<Symbol> symbols;
+        for (size_t i = 0; i < text.size();) {
+            size_t length = std::min<size_t>(detail::utf8_sequence_length(static_cast<unsigned char>(text[i])), text.size() - i);
+            int index = static_cast<int>(symbols.size());
+            symbols.push_back({i, length, index - 1, index + 1});
+            i += length;
+        }
+        if (symbols.empty()) return;
+        symbols.back().next = -1;
+
+        // Candidate merges, best score first, leftmost first on ties. A candidate goes stale when either side has
+        // merged since it was queued: its recorded length no longer matches.
+        struct Candidate {
+            float score;
+            int left, right;
+            size_t length;
+        };
+        auto worse = [](const Candidate& a, const Candidate& b) {
+            return a.score < b.score || (a.score == b.score && a.left > b.left);
+        };
+        std::vector<Candidate> queue;
+        auto consider = [&](int left, int right) {
+            if (left < 0 || right < 0) return;
+            std::string_view merged(text.data() + symbols[left].begin, symbols[left].length + symbols[right].length);
+            auto found = s.token_to_id.find(std::string(merged));
+            if (found == s.token_to_id.end()) return;
+            queue.push_back({s.scores[found->second], left, right, merged.size()});
+            std::push_heap(queue.begin(), queue.end(), worse);
+        };
+        for (size_t i = 1; i < symbols.size(); ++i) consider(static_cast<int>(i) - 1, static_cast<int>(i));
+        while (!queue.empty()) {
+            std::pop_heap(queue.begin(), queue.end(), worse);
+            Candidate best = queue.back();
+            queue.pop_back();
+            Symbol& left = symbols[best.left];
+            Symbol& right = symbols[best.right];
+            if (left.length == 0 || right.length == 0 || left.length + right.length != best.length) continue;
+            left.length += right.length;
+            right.length = 0;
+            left.next = right.next;
+            if (right.next >= 0) symbols[right.next].prev = best.left;
+            consider(left.prev, best.left);
+            consider(best.left, left.next);
+        }
+        for (int i = 0; i >= 0; i = symbols[i].next) {
+            std::string piece = text.substr(symbols[i].begin, symbols[i].length);
+            if (auto found = s.token_to_id.find(piece); found != s.token_to_id.end()) {
+                ids.push_back(found->second);
+                continue;
+            }
+            for (unsigned char byte : piece) {  // byte fallback, or <unk> for a vocabulary without byte tokens
+                int id = s.byte_ids[byte];
+                ids.push_back(id >= 0 ? id : s.unk_id);
+            }
+        }
+    }
+
+    // The bytes one token stands for: "▁" becomes a space, <0xNN> the raw byte, control tokens nothing.
+    // `previous` decides SentencePiece's rule that a leading space after BOS (the dummy prefix) is dropped.
+    std::string sentencepiece_bytes(int id, int previous) const {
+        const State& s = *state_;
+        const std::string& piece = token_text(id);
+        auto type = s.types[static_cast<size_t>(id)];
+        if (type == Vocabulary::Type::Control || type == Vocabulary::Type::Unused) return "";
+        if (type == Vocabulary::Type::Byte) return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+        std::string text;
+        static constexpr std::string_view space_marker = "\xE2\x96\x81";  // ▁
+        for (size_t i = 0; i < piece.size();) {
+            if (piece.compare(i, space_marker.size(), space_marker) == 0) {
+                text += ' ';
+                i += space_marker.size();
+            } else {
+                text += piece[i++];
+            }
+        }
+        bool starts_text = previous < 0 || previous == s.bos_id;
+        if (starts_text && s.add_space_prefix && !text.empty() && text[0] == ' ') text.erase(0, 1);
+        return text;
+    }
+
+    // ---- Ranked-merge BPE: added tokens, normalizer, pre-tokenizer, model, decoder ------------------------------
+    // encode() above runs the stages in Hugging Face's order. The merge loop (encode_word, merge_word) is the lesson
+    // and stays here; the other stages' mechanics are appendix E, each declared here with what it does.
+
+    struct Segment {
+        std::string_view text;
+        int id = -1;      // an added token's id, or -1 for plain text
+        size_t offset = 0;  // where it starts in the string that was split
+    };
+
+    // Splits `text` around the added tokens whose `normalized` flag matches: leftmost match, longest on ties (Hugging
+    // Face's aho-corasick with LeftmostLongest), honouring single_word, lstrip and rstrip.
+    std::vector<Segment> split_added_tokens(std::string_view text, bool normalized) const;
+    static size_t previous_length(std::string_view text, size_t end);
+    static char32_t previous_code_point(std::string_view text, size_t end);
+
+    std::string normalize(std::string_view text) const;
+    static std::string replace_all(const std::string& text, const detail::NormalizerStep& step);
+
+    // Cuts regex matches out of `piece` (behaviour Isolated: matches and the text between them are both pieces;
+    // Removed: only the text between them).
+    static void split_by_matches(const detail::Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+                                 bool keep_matches, std::vector<detail::Piece>& out);
+    // Regex matches in code points, converted to byte offsets.
+    static std::vector<std::pair<size_t, size_t>> byte_matches(const detail::Regex& regex, const std::string& text);
+
+    std::vector<detail::Piece> pre_tokenize(std::string text, bool at_start) const;
+
+    static void apply_pre_tokenizer(const detail::PreTokenizerStep& step, detail::Piece& piece, std::vector<detail::Piece>& out);
+
+    // The BPE model on one pre-token: characters (or their <0xNN> bytes, or <unk>) become symbols in a linked list,
+    // then the adjacent pair with the lowest merge rank merges until none is left: a heap keyed by (rank, position)
+    // makes that O(n log n) in the word's length. Hugging Face's word.rs does the same.
+    void encode_word(const std::string& word, std::vector<int>& ids) const {
+        const State& s = *state_;
+        if (s.ignore_merges) {  // Llama 3: a pre-token that is itself a token is taken whole
+            if (auto found = s.token_to_id.find(word); found != s.token_to_id.end()) {
+                ids.push_back(found->second);
+                return;
+            }
+        }
+        const bool cacheable = word.size() <= 64;  // long words are rare and would crowd the cache
+        if (cacheable) {
+            std::lock_guard<std::mutex> lock(s.cache_mutex);
+            if (auto found = s.word_cache.find(word); found != s.word_cache.end()) {
+                ids.insert(ids.end(), found->second.begin(), found->second.end());
+                return;
+            }
+        }
+        std::vector<int> word_ids = merge_word(word, nullptr);
+        ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+        if (!cacheable) return;
+        std::lock_guard<std::mutex> lock(s.cache_mutex);
+        if (s.word_cache.size() >= 100000) s.word_cache.clear();  // bounded: a long-running server sees endless words
+        s.word_cache.emplace(word, std::move(word_ids));
+    }
+
+    // The merges themselves; `steps`, when given, receives the symbols before the first merge and after each one.
+    std::vector<int> merge_word(const std::string& word, std::vector<std::vector<std::string>>* steps) const {
+        const State& s = *state_;
+        struct Symbol {
+            int id;
+            int prev, next;
+            bool alive;
+        };
+        std::vector<Symbol> symbols;
+        symbols.reserve(word.size());
+        auto push = [&](int id) {
+            int index = static_cast<int>(symbols.size());
+            symbols.push_back({id, index - 1, index + 1, true});
+        };
+        bool last_unknown = false;
+        int n = 0;
+        std::string character;
+        for (size_t i = 0; i < word.size(); i += static_cast<size_t>(n)) {
+            n = std::max(1, detail::utf8_sequence_length(static_cast<unsigned char>(word[i])));
+            character.assign(word, i, static_cast<size_t>(n));
+            if (auto found = s.token_to_id.find(character); found != s.token_to_id.end()) {
+                push(found->second);
+                last_unknown = false;
+                continue;
+            }
+            if (s.byte_fallback) {
+                bool all = true;
+                for (unsigned char byte : character) all = all && s.byte_ids[byte] >= 0;
+                if (all) {
+                    for (unsigned char byte : character) push(s.byte_ids[byte]);
+                    last_unknown = false;
+                    continue;
+                }
+            }
+            if (s.unk_id < 0) continue;  // no unk token: Hugging Face drops the character
+            if (!(s.fuse_unk && last_unknown)) push(s.unk_id);
+            last_unknown = true;
+        }
+        if (!symbols.empty()) symbols.back().next = -1;
+
+        struct Candidate {
+            int rank, position, merged;
+        };
+        auto worse = [](const Candidate& a, const Candidate& b) {
+            return a.rank > b.rank || (a.rank == b.rank && a.position > b.position);
+        };
+        std::vector<Candidate> queue;
+        auto consider = [&](int left) {
+            if (left < 0 || symbols[left].next < 0) return;
+            uint64_t key = uint64_t(uint32_t(symbols[left].id)) << 32 | uint32_t(symbols[symbols[left].next].id);
+            auto found = s.merges.find(key);
+            if (found == s.merges.end()) return;
+            queue.push_back({found->second.first, left, found->second.second});
+            std::push_heap(queue.begin(), queue.end(), worse);
+        };
+        auto record = [&] {
+            if (!steps) return;
+            std::vector<std::string> texts;
+            for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) texts.push_back(s.id_to_token[symbols[i].id]);
+            steps->push_back(std::move(texts));
+        };
+        record();
+        for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i);
+        while (!queue.empty()) {
+            std::pop_heap(queue.begin(), queue.end(), worse);
+            Candidate best = queue.back();
+            queue.pop_back();
+            Symbol& left = symbols[best.position];
+            // Stale when the left symbol merged away or its pair no longer merges into the same token.
+            if (!left.alive || left.next < 0) continue;
+            uint64_t key = uint64_t(uint32_t(left.id)) << 32 | uint32_t(symbols[left.next].id);
+            auto found = s.merges.find(key);
+            if (found == s.merges.end() || found->second.second != best.merged) continue;
+            Symbol& right = symbols[left.next];
+            left.id = best.merged;
+            right.alive = false;
+            left.next = right.next;
+            if (right.next >= 0) symbols[right.next].prev = best.position;
+            consider(left.prev);
+            consider(best.position);
+            record();
+        }
+        std::vector<int> word_ids;
+        for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) word_ids.push_back(symbols[i].id);
+        return word_ids;
+    }
+
+    static std::vector<std::string> apply_decoder(const detail::DecoderStep& step, std::vector<std::string> tokens);
+};
+
+// Builds the Tokenizer a model file's Vocabulary describes (GGUF, llama2.c); load_tokenizer reads one from a path: a
+// folder with tokenizer.json (and tokenizer_config.json beside it for BOS/EOS and the chat template), a tokenizer.json
+// file, a .gguf file's vocabulary, or a llama2.c tokenizer.bin. Both are appendix E.
+inline Tokenizer tokenizer_from_vocabulary(const Vocabulary& vocab, int bos_id, std::vector<int> eos_ids, std::string source);
+inline Tokenizer load_tokenizer(const std::filesystem::path& path);
+
+// ---- Streaming decode -----------------------------------------------------------------------------------------------
+
+// Feeds token ids one at a time and returns the text each one completes, so that the pieces add up to exactly what a
+// full decode of the same ids gives. It decodes a short window (the ids it printed last time, as context, plus the
+// ids not printed yet) and prints what the window adds to the context's own text. Decoders' first-token rules (the
+// dropped leading "▁") thus apply to the context, as they would in the full decode, and the context always starts on
+// a whole character (a lone <0xA5> would decode to U+FFFD and spoil the next run of bytes). While the window's text
+// ends in U+FFFD (a character whose remaining bytes are still to come) it waits; finish() prints whatever is left.
+// The same scheme as Hugging Face's DecodeStream.
+class TextStream {
+public:
+    // `previous`: the id before the first one pushed (the prompt's last), so the first word gets its leading space.
+    explicit TextStream(const Tokenizer& tokenizer, int previous = -1) : tokenizer_(tokenizer) {
+        if (previous >= 0) {
+            ids_.push_back(previous);
+            context_size_ = 1;
+            context_text_ = tokenizer_.decode(ids_);
+        }
+    }
+
+    std::string push(int id) {
+        ids_.push_back(id);
+        std::string text = tokenizer_.decode(ids_);
+        if (text.size() <= context_text_.size() || detail::ends_with_replacement(text) || !detail::starts_with(text, context_text_))
+            return "";
+        std::string added = text.substr(context_text_.size());
+        next_context();
+        return added;
+    }
+
+    std::string finish() {
+        std::string text = tokenizer_.decode(ids_);
+        std::string rest = detail::starts_with(text, context_text_) ? text.substr(context_text_.size()) : text;
+        next_context();
+        return rest;
+    }
+
+private:
+    void next_context() {  // the ids just printed become the context
+        ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_size_));
+        context_size_ = ids_.size();
+        context_text_ = tokenizer_.decode(ids_);
+    }
+
+    Tokenizer tokenizer_;       // a copy shares the vocabulary: cheap
+    std::vector<int> ids_;      // the context ids, then the ids not printed yet
+    size_t context_size_ = 0;
+    std::string context_text_;  // decode of the context ids
+};
+
+// ==== 04 FORWARD PASS ================================================================================================
+// Token ids in, next-token logits out, then one token out of the logits. One function serves prefill (a whole prompt:
+// T rows, so each weight read from memory is used T times: matrix-matrix, compute-bound) and decode (one token per
+// sequence: every weight byte is read for a handful of multiply-adds: matrix-vector, memory-bound). Per layer:
+//   x → RMSNorm → q,k,v projections (+bias, +per-head norm) → RoPE → write K/V to the cache → attention over the
+//   sequence's cached positions (GQA: query head h reads KV head h / (H / Hkv)) → output projection → + x
+//     → RMSNorm → SwiGLU MLP: down(silu(gate(x)) · up(x)) → + x
+// then the final norm and the vocabulary projection. The sampler turns a row of logits into one id; generate() runs the
+// two in a loop for one request. Chapter 04 measures both regimes and the sampler.
+
+// The tokens of one forward call: each with the sequence it belongs to and its position in that sequence. Tokens of
+// many sequences, decoding or prefilling, can share a batch; a token sees only its own sequence's cache.
+struct Batch {
+    std::vector<int> tokens;     // [T]
+    std::vector<int> positions;  // [T]
+    std::vector<int> sequences;  // [T]
+    std::vector<char> wants_logits;  // [T] logits are computed only where asked (the last prompt token, decode tokens)
+
+    void add(int token, int position, int sequence, bool logits) {
+        tokens.push_back(token);
+        positions.push_back(position);
+        sequences.push_back(sequence);
+        wants_logits.push_back(logits);
+    }
+    void clear() {
+        tokens.clear();
+        positions.clear();
+        sequences.clear();
+        wants_logits.clear();
+    }
+    size_t size() const { return tokens.size(); }
+};
+
+// ---- The KV cache's storage -----------------------------------------------------------------------------------------
+// Attention at position p needs the keys and values of every earlier position. Recomputing them each step would make
+// decode cost the whole prefix again; keeping them costs memory instead: 2 × L × Hkv × Dh × 4 bytes per token. The
+// storage is one pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which
+// positions (position p: block table[p / B], slot p % B), so a sequence grows without copying and without reserving
+// its maximum length up front. The forward pass only reads tables and writes slots. Who gets which block, and how two
+// requests with the same prompt prefix share blocks, is the block manager's job: section 05.
+
+class KVCache {
+public:
+    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16);
+    ~KVCache();
+    KVCache(const KVCache&) = delete;
+    KVCache& operator=(const KVCache&) = delete;
+
+    // Bytes one token occupies across all layers (keys and values).
+    static size_t bytes_per_token(const ModelConfig& c) {
+        return 2 * sizeof(float) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
+    }
+    // How many blocks a memory budget buys (at least one).
+    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size) {
+        size_t per_block = bytes_per_token(c) * static_cast<size_t>(std::max(block_size, 1));
+        return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
+    }
+
+    int block_size() const { return block_size_; }
+    int num_blocks() const { return num_blocks_; }
+    int capacity_tokens() const { return num_blocks_ * block_size_; }
+
+    // [Hkv × Dh] keys or values of one token: layer, block, slot.
+    float* key(int layer, int block, int slot) { return keys_.get() + offset(layer, block, slot); }
+    float* value(int layer, int block, int slot) { return values_.get() + offset(layer, block, slot); }
+    const float* key(int layer, int block, int slot) const { return keys_.get() + offset(layer, block, slot); }
+    const float* value(int layer, int block, int slot) const { return values_.get() + offset(layer, block, slot); }
+
+    // The blocks of a sequence, in position order: table[i] holds positions [i·B, (i+1)·B).
+    const std::vector<int>& block_table(int sequence) const;
+    bool has_sequence(int sequence) const;
+
+    // Block management (section 05). reserve() grows a sequence's table to hold n_tokens positions and returns false,
+    // changing nothing, when the pool is out of blocks: an expected outcome the scheduler handles, not an error.
+    // release() gives a sequence's blocks back. The rest is prefix caching: a new prompt attaches the cached blocks
+    // of its longest already-computed prefix (match_prefix), and computed blocks are named for later prompts (commit).
+    bool reserve(int sequence, int n_tokens);
+    void release(int sequence);
+    int match_prefix(int sequence, std::span<const int> tokens);
+    int cached_prefix_tokens(std::span<const int> tokens) const;  // what match_prefix would find, changing nothing
+    void commit(int sequence, std::span<const int> tokens, int n_computed);
+    void set_prefix_caching(bool on);
+    bool prefix_caching() const;
+    // The pool's three states: held by a sequence, cached (no holder, still findable by its prefix: reusable, and
+    // evictable when the free list runs dry), and free.
+    int used_block_count() const { return num_blocks_ - free_block_count() - cached_block_count(); }
+    int cached_block_count() const;
+    int free_block_count() const;
+    int available_block_count() const { return free_block_count() + cached_block_count(); }
+    int ref_count(int block) const;  // how many sequences' tables hold the block
+
+private:
+    struct BlockManager;  // section 05
+
+    size_t offset(int layer, int block, int slot) const {
+        return ((static_cast<size_t>(layer) * num_blocks_ + block) * block_size_ + slot) * token_width_;
+    }
+
+    int layers_, block_size_, num_blocks_, token_width_;
+    std::unique_ptr<float[]> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
+    std::unique_ptr<BlockManager> blocks_;
+};
+
+namespace detail {
+
+// ---- The matmul kernel: one weight row against up to four activation rows ----
+// Each output's sum is built the same way whatever else is in the batch (two 8-wide accumulators over 16 columns at a
+// time, then a fixed-order tail), so a sequence's logits do not depend on its batch-mates: batch invariance.
+
+template <DType dtype>
+inline float weight_at(const std::byte* row, size_t k) {
+    if constexpr (dtype == DType::F32) {
+        float value;
+        std::memcpy(&value, row + k * 4, 4);
+        return value;
+    } else {
+        uint16_t half;
+        std::memcpy(&half, row + k * 2, 2);
+        return dtype == DType::BF16 ? bf16_to_f32(half) : f16_to_f32(half);
+    }
+}
+
+// The row's last K % 16 columns, in one fixed order, then the stores: shared by both kernels.
+template <DType dtype, int NT>
+inline void finish_row(const std::byte* row, const float* x, size_t x_stride, size_t K16, size_t K, float* sums, float* out,
+                       size_t out_stride) {
+    for (size_t k = K16; k < K; ++k) {
+        float w = weight_at<dtype>(row, k);
+        for (int j = 0; j < NT; ++j) sums[j] += w * x[j * x_stride + k];
+    }
+    for (int j = 0; j < NT; ++j) out[j * out_stride] = sums[j];
+}
+
+// out[j * out_stride] = dot(row, x + j * x_stride) for j < NT. The portable kernel and the reference for the SIMD one
+// in appendix F: sixteen lanes per token (which compilers turn into vector registers), folded in a fixed tree. Each
+// weight is converted to f32 once and used for all NT tokens, so the weights cross the memory bus once per batch.
+template <DType dtype, int NT>
+inline void dot_row_portable(const std::byte* row, const float* x, size_t x_stride, size_t K, float* out, size_t out_stride) {
+    const size_t K16 = K / 16 * 16;
+    float lanes[NT][16] = {};
+    for (size_t k = 0; k < K16; k += 16)
+        for (int j = 0; j < NT; ++j)
+            for (int lane = 0; lane < 16; ++lane) lanes[j][lane] += weight_at<dtype>(row, k + lane) * x[j * x_stride + k + lane];
+    float sums[NT];
+    for (int j = 0; j < NT; ++j) {
+        float half[8];
+        for (int lane = 0; lane < 8; ++lane) half[lane] = lanes[j][lane] + lanes[j][lane + 8];
+        sums[j] = ((half[0] + half[4]) + (half[2] + half[6])) + ((half[1] + half[5]) + (half[3] + half[7]));
+    }
+    finish_row<dtype, NT>(row, x, x_stride, K16, K, sums, out, out_stride);
+}
+
+#ifdef INFER_HAVE_AVX2
+// The same with AVX2 intrinsics: two 8-wide FMA accumulators per token (appendix F).
+template <DType dtype, int NT>
+inline void dot_row_avx2(const std::byte* row, const float* x, size_t x_stride, size_t K, float* out, size_t out_stride);
+#endif
+
+template <DType dtype, int NT>
+inline void dot_row(const std::byte* row, const float* x, size_t x_stride, size_t K, float* out, size_t out_stride) {
+#ifdef INFER_HAVE_AVX2
+    dot_row_avx2<dtype, NT>(row, x, x_stride, K, out, out_stride);
+#else
+    dot_row_portable<dtype, NT>(row, x, x_stride, K, out, out_stride);
+#endif
+}
+
+template <DType dtype>
+inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
+    const size_t row_bytes = K * dtype_size(dtype);
+    constexpr size_t rows_per_tile = 16;  // 16 weight rows stay in L1/L2 while every token tile passes over them
+    for (size_t tile = row_begin; tile < row_end; tile += rows_per_tile) {
+        size_t tile_end = std::min(row_end, tile + rows_per_tile);
+        for (int t = 0; t < T; t += 4) {
+            int count = std::min(4, T - t);
+            const float* xt = x + static_cast<size_t>(t) * K;
+            for (size_t n = tile; n < tile_end; ++n) {
+                const std::byte* row = w.data + n * row_bytes;
+                float* o = out + static_cast<size_t>(t) * N + n;
+                switch (count) {
+                    case 4: dot_row<dtype, 4>(row, xt, K, K, o, N); break;
+                    case 3: dot_row<dtype, 3>(row, xt, K, K, o, N); break;
+                    case 2: dot_row<dtype, 2>(row, xt, K, K, o, N); break;
+                    default: dot_row<dtype, 1>(row, xt, K, K, o, N); break;
+                }
+            }
+        }
+    }
+}
+
+// One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
+struct Product {
+    const Tensor& w;
+    float* out;
+    const Tensor* bias = nullptr;
+};
+
+// Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
+// end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
+inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
+    size_t total_rows = 0;
+    for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
+    auto rows = [&](size_t begin, size_t end, int) {
+        size_t first_row = 0;  // of the current product, in the concatenated numbering
+        for (const Product& p : products) {
+            const size_t N = static_cast<size_t>(p.w.rows());
+            size_t from = std::max(begin, first_row), to = std::min(end, first_row + N);
+            if (from < to) {
+                from -= first_row;
+                to -= first_row;
+                switch (p.w.dtype) {
+                    case DType::F32: matmul_rows<DType::F32>(p.w, x, T, p.out, from, to); break;
+                    case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
+                    case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
+                }
+                if (p.bias && !p.bias->empty())
+                    for (int t = 0; t < T; ++t)
+                        for (size_t n = from; n < to; ++n) p.out[static_cast<size_t>(t) * N + n] += p.bias->at(static_cast<int64_t>(n));
+            }
+            first_row += N;
+        }
+    };
+    pool.run_sized(total_rows, total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T), rows);
+}
+
+// out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
+inline void rms_norm(const float* x, const Tensor& gain, size_t width, double eps, float* out) {
+    double sum_squares = 0;
+    for (size_t i = 0; i < width; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
+    float scale = static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
+    for (size_t i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
+}
+
+// The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
+inline std::vector<double> rope_inverse_frequencies(const Model& model) {
+    const ModelConfig& c = model.config;
+    const int half = c.head_dim / 2;
+    std::vector<double> inverse(half);
+    const RopeScaling& s = c.rope_scaling;
+    for (int i = 0; i < half; ++i) {
+        double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
+        if (!model.rope_freq_divisors.empty()) {
+            freq /= model.rope_freq_divisors[i];
+        } else if (s.kind == RopeScaling::Kind::Linear) {
+            freq /= s.factor;
+        } else if (s.kind == RopeScaling::Kind::Llama3) {
+            // Long wavelengths are stretched by `factor`, short ones kept, the band between blended smoothly.
+            double wavelength = 2 * M_PI / freq;
+            double low_wavelength = s.original_context / s.low_freq_factor;
+            double high_wavelength = s.original_context / s.high_freq_factor;
+            if (wavelength > low_wavelength) {
+                freq /= s.factor;
+            } else if (wavelength >= high_wavelength) {
+                double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                freq = (1 - smooth) * freq / s.factor + smooth * freq;
+            }
+        }
+        inverse[i] = freq;
+    }
+    return inverse;
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace detail
+
+// Runs batches through a model. Owns the scratch buffers, sized for the largest batch seen so far, so the steady
+// state allocates nothing per token.
+class ForwardPass {
+public:
+    ForwardPass(const Model& model, ThreadPool& pool)
+        : model_(model), pool_(pool), inverse_frequencies_(detail::rope_inverse_frequencies(model)) {}
+
+    const Model& model() const { return model_; }
+
+    // Logits [rows, V] for the tokens whose wants_logits is set, in batch order.
+    std::span<const float> forward(const Batch& batch, KVCache& cache) {
+        const ModelConfig& c = model_.config;
+        const int T = static_cast<int>(batch.size());
+        if (T == 0) return {};
+        if (batch.positions.size() != batch.tokens.size() || batch.sequences.size() != batch.tokens.size() ||
+            batch.wants_logits.size() != batch.tokens.size())
+            fail("batch: tokens, positions, sequences and wants_logits differ in length");
+        const size_t D = c.dim, Dh = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, V = c.vocab_size;
+        const size_t q_width = H * Dh, kv_width = Hkv * Dh;
+        resize(static_cast<size_t>(T));
+
+        // Where each token's K/V go, and the cos/sin of its rotation (shared by all layers and heads).
+        int longest = 0;
+        for (int t = 0; t < T; ++t) {
+            int token = batch.tokens[t], position = batch.positions[t];
+            if (token < 0 || token >= c.vocab_size)
+                fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
+            if (position < 0 || position >= c.context_length)
+                fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
+            const std::vector<int>& table = cache.block_table(batch.sequences[t]);
+            if (static_cast<size_t>(position / cache.block_size()) >= table.size())
+                fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
+            slot_block_[t] = table[position / cache.block_size()];
+            slot_offset_[t] = position % cache.block_size();
+            longest = std::max(longest, position + 1);
+            for (size_t i = 0; i < Dh / 2; ++i) {
+                double angle = position * inverse_frequencies_[i];
+                rope_cos_[t * (Dh / 2) + i] = static_cast<float>(std::cos(angle));
+                rope_sin_[t * (Dh / 2) + i] = static_cast<float>(std::sin(angle));
+            }
+            model_.embedding.read_row(token, &x_[t * D]);
+        }
+        if (scores_.size() < static_cast<size_t>(pool_.size()) * longest) scores_.resize(static_cast<size_t>(pool_.size()) * longest);
+        // Attention's multiply-adds in one layer: each token reads Dh keys and Dh values per position it sees, per head.
+        size_t attention_work = 0;
+        for (int t = 0; t < T; ++t) attention_work += static_cast<size_t>(batch.positions[t] + 1) * H * Dh * 2;
+
+        for (int l = 0; l < c.n_layers; ++l) {
+            const LayerWeights& w = model_.layers[l];
+            // Attention block.
+            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
+                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
+            });
+            detail::matmul(pool_, xn_.data(), T, {{w.wq, q_.data(), &w.bq}, {w.wk, k_.data(), &w.bk}, {w.wv, v_.data(), &w.bv}});
+            pool_.run_sized(T, T * (H + Hkv) * Dh * 4, [&](size_t begin, size_t end, int) {
+                for (size_t t = begin; t < end; ++t) {
+                    for (size_t h = 0; h < H; ++h) position_heads(&q_[t * q_width + h * Dh], w.q_norm, t);
+                    for (size_t h = 0; h < Hkv; ++h) position_heads(&k_[t * kv_width + h * Dh], w.k_norm, t);
+                    std::memcpy(cache.key(l, slot_block_[t], slot_offset_[t]), &k_[t * kv_width], kv_width * sizeof(float));
+                    std::memcpy(cache.value(l, slot_block_[t], slot_offset_[t]), &v_[t * kv_width], kv_width * sizeof(float));
+                }
+            });
+            pool_.run_sized(static_cast<size_t>(T) * H, attention_work, [&](size_t begin, size_t end, int thread) {
+                for (size_t item = begin; item < end; ++item) attend(batch, cache, l, item / H, item % H, thread);
+            });
+            detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
+            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
+
+            // MLP block.
+            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
+                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
+            });
+            detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
+            for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
+            detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
+            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
+        }
+
+        // Final norm and the vocabulary projection, only for the rows someone will sample from.
+        int rows = 0;
+        for (int t = 0; t < T; ++t)
+            if (batch.wants_logits[t]) detail::rms_norm(&x_[t * D], model_.final_norm, D, c.norm_eps, &xn_[rows++ * D]);
+        if (logits_.size() < static_cast<size_t>(rows) * V) logits_.resize(static_cast<size_t>(rows) * V);
+        if (rows > 0) detail::matmul(pool_, xn_.data(), rows, {{model_.lm_head, logits_.data()}});
+        return {logits_.data(), static_cast<size_t>(rows) * V};
+    }
+
+private:
+    void resize(size_t T) {
+        const ModelConfig& c = model_.config;
+        if (T <= capacity_) return;
+        capacity_ = T;
+        const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim, kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+        x_.resize(T * c.dim);                                              // [T, D] the residual stream
+        xn_.resize(T * std::max<size_t>(c.dim, 1));                        // [T, D] normed input / block output
+        q_.resize(T * q_width);                                            // [T, H, Dh]
+        k_.resize(T * kv_width);                                           // [T, Hkv, Dh]
+        v_.resize(T * kv_width);                                           // [T, Hkv, Dh]
+        attn_.resize(T * q_width);                                         // [T, H, Dh]
+        gate_.resize(T * c.ffn_dim);                                       // [T, F]
+        up_.resize(T * c.ffn_dim);                                         // [T, F]
+        rope_cos_.resize(T * c.head_dim / 2);                              // [T, Dh/2]
+        rope_sin_.resize(T * c.head_dim / 2);                              // [T, Dh/2]
+        slot_block_.resize(T);
+        slot_offset_.resize(T);
+    }
+
+    // Per-head RMSNorm (qwen3), then the rotation by this token's position.
+    void position_heads(float* head, const Tensor& norm, size_t t) {
+        const ModelConfig& c = model_.config;
+        const size_t Dh = c.head_dim, half = Dh / 2;
+        if (!norm.empty()) detail::rms_norm(head, norm, Dh, c.norm_eps, head);
+        const float* cos = &rope_cos_[t * half];
+        const float* sin = &rope_sin_[t * half];
+        for (size_t i = 0; i < half; ++i) {
+            size_t a = c.rope_style == RopeStyle::HalfRotation ? i : 2 * i;
+            size_t b = c.rope_style == RopeStyle::HalfRotation ? i + half : 2 * i + 1;
+            float x0 = head[a], x1 = head[b];
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+
+    // One query head of one token over its sequence's cached keys and values.
+    void attend(const Batch& batch, const KVCache& cache, int layer, size_t t, size_t h, int thread) {
+        const ModelConfig& c = model_.config;
+        const size_t Dh = c.head_dim, q_width = static_cast<size_t>(c.n_heads) * Dh;
+        const size_t kv_head = h / static_cast<size_t>(c.n_heads / c.n_kv_heads);
+        const int position = batch.positions[t];
+        const int first = c.sliding_window > 0 ? std::max(0, position - c.sliding_window + 1) : 0;
+        const std::vector<int>& table = cache.block_table(batch.sequences[t]);
+        const int B = cache.block_size();
+        const float* q = &q_[t * q_width + h * Dh];
+        float* scores = &scores_[static_cast<size_t>(thread) * (scores_.size() / pool_.size())];
+        const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int p = first; p <= position; ++p) {
+            const float* key = cache.key(layer, table[p / B], p % B) + kv_head * Dh;
+            float dot = 0;
+            for (size_t i = 0; i < Dh; ++i) dot += q[i] * key[i];
+            scores[p] = dot * scale;
+            max_score = std::max(max_score, scores[p]);
+        }
+        float total = 0;
+        for (int p = first; p <= position; ++p) {
+            scores[p] = std::exp(scores[p] - max_score);
+            total += scores[p];
+        }
+        float* out = &attn_[t * q_width + h * Dh];
+        std::fill(out, out + Dh, 0.0f);
+        for (int p = first; p <= position; ++p) {
+            const float* value = cache.value(layer, table[p / B], p % B) + kv_head * Dh;
+            float weight = scores[p] / total;
+            for (size_t i = 0; i < Dh; ++i) out[i] += weight * value[i];
+        }
+    }
+
+    const Model& model_;
+    ThreadPool& pool_;
+    std::vector<double> inverse_frequencies_;  // [Dh/2]
+    size_t capacity_ = 0;
+    std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_, scores_, logits_;
+    std::vector<int> slot_block_, slot_offset_;
+};
+
+// ---- Where the forward pass runs ------------------------------------------------------------------------------------
+// The CPU forward pass above, or the CUDA kernels of infer_cuda.cu behind the same interface (section 07).
+
+enum class Device { Cpu, Cuda };
+
+inline const char* device_name(Device device) { return device == Device::Cuda ? "cuda" : "cpu"; }
+
+// "cpu" or "cuda" (as --device takes them).
+inline Device parse_device(std::string_view text) {
+    if (text == "cpu") return Device::Cpu;
+    if (text == "cuda") return Device::Cuda;
+    fail("unknown device '", text, "': expected cpu or cuda");
+}
+
+// Settings of the CUDA forward pass (the CPU ignores them).
+struct CudaOptions {
+    enum class Matmul { Cublas, Tiled };
+    Matmul matmul = Matmul::Cublas;  // products of more than vector_rows rows: cuBLAS (fast) or the readable wmma kernel
+    int vector_rows = 8;             // products of at most this many rows: the matrix-vector kernel, activations in f32
+    int prefill_attention_rows = 16; // runs of at least this many tokens of one sequence: the tiled prefill attention
+    bool graphs = true;              // replay decode steps from CUDA graphs, one per batch-size bucket
+    int device = 0;                  // the CUDA device's ordinal
+};
+
+#ifdef INFER_CUDA
+namespace cuda {
+class ForwardPass;  // infer_cuda.cu; section 07 declares it
+}
+#endif
+
+// One forward pass on the chosen device: what the Engine holds. The CPU path is the ForwardPass above, untouched (one
+// predictable branch per step); the CUDA one is built only when asked for, and asking without it is an error. Its
+// constructor and the dispatch are section 07.
+class DeviceForwardPass {
+public:
+    DeviceForwardPass(const Model& model, ThreadPool& pool, Device device = Device::Cpu, CudaOptions options = {});
+    ~DeviceForwardPass();
+    DeviceForwardPass(const DeviceForwardPass&) = delete;
+    DeviceForwardPass& operator=(const DeviceForwardPass&) = delete;
+
+    Device device() const { return device_; }
+    const Model& model() const { return cpu_.model(); }
+    std::span<const float> forward(const Batch& batch, KVCache& cache);
+
+private:
+    ForwardPass cpu_;
+    Device device_;
+#ifdef INFER_CUDA
+    std::unique_ptr<cuda::ForwardPass> cuda_;
+#endif
+};
+
+// ---- Sampler --------------------------------------------------------------------------------------------------------
+// Logits to one token id. Penalties first (they change the logits), then temperature: 0 is greedy (argmax, ties to
+// the lowest id); above 0 the logits are divided by it, then top-k, top-p and min-p trim the candidates and a seeded
+// generator draws from what is left. Cost: one pass over V, a sort only of what top-k keeps; microseconds next to
+// the forward pass.
+
+struct SamplingParams {
+    float temperature = 1.0f;         // 0: greedy
+    int top_k = 0;                    // 0: off
+    float top_p = 1.0f;               // 1: off
+    float min_p = 0.0f;               // 0: off
+    float repetition_penalty = 1.0f;  // 1: off; >1 discourages every token seen in the prompt or the output
+    float presence_penalty = 0.0f;    // OpenAI's: subtracted once from every token already generated
+    float frequency_penalty = 0.0f;   // OpenAI's: subtracted per occurrence in the generated text
+    std::optional<uint64_t> seed;     // unset: a random seed (reported so the run can be repeated)
+    int max_tokens = 256;
+    bool ignore_eos = false;
+    int logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the k likeliest (OpenAI, vLLM)
+
+    // Rejects values no sampler can honour, naming the parameter.
+    void validate() const {
+        auto bad = [](const char* name, double value, const char* rule) {
+            fail("invalid sampling parameter ", name, " = ", value, ": ", rule);
+        };
+        if (!(temperature >= 0) || !std::isfinite(temperature)) bad("temperature", temperature, "must be a finite number >= 0");
+        if (top_k < 0) bad("top_k", top_k, "must be >= 0 (0 turns it off)");
+        if (!(top_p > 0 && top_p <= 1)) bad("top_p", top_p, "must be in (0, 1]");
+        if (!(min_p >= 0 && min_p <= 1)) bad("min_p", min_p, "must be in [0, 1]");
+        if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty))
+            bad("repetition_penalty", repetition_penalty, "must be a finite number > 0 (1 turns it off)");
+        if (!(presence_penalty >= -2 && presence_penalty <= 2)) bad("presence_penalty", presence_penalty, "must be in [-2, 2]");
+        if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) bad("frequency_penalty", frequency_penalty, "must be in [-2, 2]");
+        if (max_tokens < 0) bad("max_tokens", max_tokens, "must be >= 0");
+        if (logprobs < -1 || logprobs > max_logprobs) bad("logprobs", logprobs, "must be in [0, 20] (-1 turns it off)");
+    }
+    static constexpr int max_logprobs = 20;
+};
+
+// A sampled token's log-probability under the model's own distribution (log-softmax of the raw logits, before
+// penalties, temperature and truncation, as vLLM reports by default), and the `top` likeliest ids with theirs.
+struct TokenLogprob {
+    int id = 0;
+    float logprob = 0;
+    std::vector<std::pair<int, float>> top;  // likeliest first
+};
+
+inline TokenLogprob token_logprob(std::span<const float> logits, int id, int top) {
+    double max = -std::numeric_limits<double>::infinity();
+    for (float l : logits) max = std::max(max, static_cast<double>(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+    const double log_total = max + std::log(sum);
+    TokenLogprob result;
+    result.id = id;
+    result.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
+    std::vector<int> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int a, int b) {
+        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) result.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_total));
+    return result;
+}
+
+class Sampler {
+public:
+    Sampler(const SamplingParams& params, int vocab_size) : params_(params), counts_(static_cast<size_t>(vocab_size), 0) {
+        params_.validate();
+        seed_ = params.seed ? *params.seed : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}());
+        // xoshiro256** seeded through splitmix64: the same seed gives the same stream on every platform, which
+        // std::mt19937 + std::uniform_real_distribution does not promise.
+        uint64_t state = seed_;
+        for (auto& word : rng_) {
+            state += 0x9E3779B97F4A7C15ull;
+            uint64_t z = state;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            word = z ^ (z >> 31);
+        }
+    }
+
+    uint64_t seed() const { return seed_; }
+
+    // The prompt, for the repetition penalty; call once before sampling.
+    void set_prompt(std::span<const int> prompt) {
+        for (int id : prompt)
+            if (id >= 0 && static_cast<size_t>(id) < counts_.size()) seen_in_prompt_.push_back(id);
+    }
+    // Each generated token, for the penalties.
+    void accept(int id) {
+        if (id >= 0 && static_cast<size_t>(id) < counts_.size()) {
+            if (counts_[id]++ == 0) generated_.push_back(id);
+        }
+    }
+
+    // Picks the next token. `logits` [V] is modified in place.
+    int sample(std::span<float> logits) {
+        apply_penalties(logits);
+        const int V = static_cast<int>(logits.size());
+        if (params_.temperature == 0) {
+            int best = 0;
+            for (int i = 1; i < V; ++i)
+                if (logits[i] > logits[best]) best = i;
+            return best;
+        }
+        candidates_.resize(static_cast<size_t>(V));
+        for (int i = 0; i < V; ++i) candidates_[i] = {logits[i] / params_.temperature, i};
+        auto higher = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+        size_t kept = candidates_.size();
+        if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept) {
+            std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), higher);
+            kept = static_cast<size_t>(params_.top_k);
+        }
+        std::sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(kept), higher);
+        // Softmax over the survivors (the largest logit is first).
+        double total = 0;
+        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability = std::exp(candidates_[i].logit - candidates_[0].logit);
+        if (params_.top_p < 1) {  // the smallest head of the distribution whose mass reaches top_p
+            double mass = 0;
+            size_t i = 0;
+            while (i < kept && mass < params_.top_p * total) mass += candidates_[i++].probability;
+            kept = std::max<size_t>(1, i);
+        }
+        if (params_.min_p > 0) {  // drop tokens less likely than min_p × the most likely one
+            size_t i = 1;
+            while (i < kept && candidates_[i].probability >= params_.min_p * candidates_[0].probability) ++i;
+            kept = i;
+        }
+        total = 0;
+        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability;
+        double target = uniform() * total;
+        for (size_t i = 0; i < kept; ++i) {
+            target -= candidates_[i].probability;
+            if (target < 0) return candidates_[i].id;
+        }
+        return candidates_[kept - 1].id;
+    }
+
+private:
+    struct Candidate {
+        float logit;
+        int id;
+        double probability = 0;
+    };
+
+    void apply_penalties(std::span<float> logits) {
+        if (params_.repetition_penalty != 1.0f) {  // as Hugging Face and vLLM: shrink positive logits, grow negative
+            auto penalize = [&](int id) {
+                float& logit = logits[id];
+                logit = logit > 0 ? logit / params_.repetition_penalty : logit * params_.repetition_penalty;
+            };
+            std::vector<char>& done = penalized_;
+            done.assign(logits.size(), 0);
+            for (int id : seen_in_prompt_)
+                if (!done[id]++) penalize(id);
+            for (int id : generated_)
+                if (!done[id]++) penalize(id);
+        }
+        if (params_.presence_penalty != 0 || params_.frequency_penalty != 0)
+            for (int id : generated_)
+                logits[id] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(counts_[id]);
+    }
+
+    double uniform() {  // [0, 1) from the top 53 bits of xoshiro256**
+        auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+        uint64_t result = rotl(rng_[1] * 5, 7) * 9;
+        uint64_t t = rng_[1] << 17;
+        rng_[2] ^= rng_[0];
+        rng_[3] ^= rng_[1];
+        rng_[1] ^= rng_[2];
+        rng_[0] ^= rng_[3];
+        rng_[2] ^= t;
+        rng_[3] = rotl(rng_[3], 45);
+        return static_cast<double>(result >> 11) * 0x1.0p-53;
+    }
+
+    SamplingParams params_;
+    uint64_t seed_ = 0;
+    std::array<uint64_t, 4> rng_{};
+    std::vector<int> counts_;          // [V] occurrences in the generated text
+    std::vector<int> generated_;       // distinct generated ids
+    std::vector<int> seen_in_prompt_;  // prompt ids
+    std::vector<char> penalized_;      // [V] scratch
+    std::vector<Candidate> candidates_;
+};
+
+// ---- One request end to end -----------------------------------------------------------------------------------------
+// Tokenize, prefill the prompt in one forward call, then decode one token per step until EOS, max_tokens or the
+// context runs out, streaming text as it completes. Every layer is timed, so a user sees where the time went
+// (chapter 01). The engine (section 06) runs many of these at once.
+
+struct GenerationResult {
+    std::vector<int> prompt_ids;
+    std::vector<int> generated_ids;
+    std::string text;           // the generated text (without the prompt)
+    std::string finish_reason;  // "stop" (EOS) or "length" (max_tokens or the context)
+    uint64_t seed = 0;
+    LayerTimes times;
+};
+
+// Whether tokenizer_for(model) has a tokenizer to give.
+inline bool has_tokenizer(const Model& model) {
+    if (model.format == ModelFormat::HuggingFace) return std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json");
+    return !model.vocab.empty();
+}
+
+// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
+// llama2.c's tokenizer.bin. A Hugging Face folder's is read from disk on each call: keep the result.
+inline Tokenizer tokenizer_for(const Model& model) {
+    if (model.format == ModelFormat::HuggingFace) {
+        if (!has_tokenizer(model))
+            fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
+        return load_tokenizer(model.source);
+    }
+    if (model.vocab.empty() && model.format == ModelFormat::Llama2c)
+        fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
+                     "the default is tokenizer.bin beside the model), or pass token ids instead");
+    if (model.vocab.empty())
+        fail(model.source, ": no vocabulary to tokenize text with (",
+                     model.vocab.model_name.empty() ? std::string("no tokenizer.ggml.model")
+                                                    : "unsupported tokenizer.ggml.model \"" + model.vocab.model_name + "\"",
+                     "); pass token ids instead");
+    return tokenizer_from_vocabulary(model.vocab, model.config.bos_id, model.config.eos_ids, model.source);
+}
+
+// Generates from prompt ids; on_text receives the text as it completes (may be empty to skip streaming).
+// `tokenizer` streams the text (nullptr: the model's own, when it has one; without one only ids come out).
+inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, std::vector<int> prompt_ids,
+                                          const SamplingParams& params, const std::function<void(std::string_view)>& on_text = {},
+                                          const Tokenizer* tokenizer = nullptr) {
+    const ModelConfig& c = model.config;
+    GenerationResult result;
+    result.prompt_ids = std::move(prompt_ids);
+    const int prompt_length = static_cast<int>(result.prompt_ids.size());
+    if (prompt_length == 0) fail("the prompt is empty: nothing to condition on (add BOS or some text)");
+    if (prompt_length >= c.context_length)
+        fail("the prompt is ", prompt_length, " tokens, but the model's context holds ", c.context_length,
+                     " (", model.source, "); shorten the prompt");
+    Sampler sampler(params, c.vocab_size);
+    result.seed = sampler.seed();
+    sampler.set_prompt(result.prompt_ids);
+
+    const int total = std::min(c.context_length, prompt_length + params.max_tokens);
+    KVCache cache(c, (total + 15) / 16, 16);
+    cache.reserve(0, total);
+    ForwardPass forward(model, pool);
+    std::optional<Tokenizer> own_tokenizer;
+    if (!tokenizer && has_tokenizer(model)) tokenizer = &own_tokenizer.emplace(tokenizer_for(model));
+    std::optional<TextStream> stream;
+    if (tokenizer) stream.emplace(*tokenizer, result.prompt_ids.back());
+    // Stop at the model's EOS ids and at the tokenizer's (a chat model's end-of-turn token, e.g. <|im_end|>), as vLLM.
+    std::vector<int> stop_ids = c.eos_ids;
+    if (tokenizer) stop_ids.insert(stop_ids.end(), tokenizer->eos_ids().begin(), tokenizer->eos_ids().end());
+
+    Batch batch;
+    for (int i = 0; i < prompt_length; ++i) batch.add(result.prompt_ids[i], i, 0, i == prompt_length - 1);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    result.finish_reason = "length";
+    // Stops at max_tokens or when prompt + output fill the context (the model knows no later positions).
+    for (int position = prompt_length; position < total; ++position) {
+        Stopwatch clock;
+        std::span<const float> row = forward.forward(batch, cache);
+        (position == prompt_length ? result.times.prefill : result.times.decode) += clock.seconds();
+        clock.restart();
+        logits.assign(row.begin(), row.end());
+        int next = sampler.sample(logits);
+        result.times.sample += clock.seconds();
+        if (!params.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
+            result.finish_reason = "stop";
+            break;
+        }
+        sampler.accept(next);
+        result.generated_ids.push_back(next);
+        if (stream) {
+            clock.restart();
+            std::string piece = stream->push(next);
+            result.times.detokenize += clock.seconds();
+            result.text += piece;
+            if (on_text && !piece.empty()) on_text(piece);
+        }
+        batch.clear();
+        batch.add(next, position, 0, true);
+    }
+    if (stream) {
+        std::string rest = stream->finish();
+        result.text += rest;
+        if (on_text && !rest.empty()) on_text(rest);
+    }
+    return result;
+}
+
+// Generates from text: tokenizes with the model's vocabulary (BOS first when the vocabulary asks for it).
+inline GenerationResult generate(const Model& model, ThreadPool& pool, std::string_view prompt, const SamplingParams& params,
+                                 const std::function<void(std::string_view)>& on_text = {}) {
+    Stopwatch clock;
+    Tokenizer tokenizer = tokenizer_for(model);
+    std::vector<int> ids = tokenizer.encode(prompt);
+    double tokenize_seconds = clock.seconds();
+    GenerationResult result = generate_from_ids(model, pool, std::move(ids), params, on_text, &tokenizer);
+    result.times.tokenize = tokenize_seconds;
+    return result;
+}
+
+// ==== 05 KV CACHE ====================================================================================================
+// The block manager behind the storage of section 04. A sequence takes a block at a time as it grows, so it holds its
+// length rounded up to B, not its maximum length. Prefix caching: a full block is named by a hash chained over (its
+// parent block's name, its B token ids), so two prompts that start alike share their first blocks (reference
+// counts), and a finished request's blocks stay cached until the pool needs them back, least recently used first. A
+// hit skips the prefill of those tokens. Cost: a hash per full block and a map lookup per block; nothing next to the
+// forward pass. (chapter 05)
+
+// The block manager's state: each block's reference count and name, the free list, the cached blocks in release
+// order, and each sequence's table.
+struct KVCache::BlockManager {
+    struct Block {
+        int ref_count = 0;        // sequences whose tables hold it
+        bool hashed = false;      // full, computed and findable by hash
+        uint64_t hash = 0, parent = 0;
+        uint64_t last_used = 0;   // release tick: the LRU order of cached blocks
+        std::vector<int> tokens;  // [B] the ids it holds, to confirm a hash match
+    };
+    struct SequenceBlocks {
+        std::vector<int> table;  // block of positions [i·B, (i+1)·B)
+        int hashed_blocks = 0;   // table[0, hashed_blocks) are named
+        uint64_t last_hash = 0;  // the name of table[hashed_blocks - 1] (0 before the first)
+    };
+
+    std::vector<Block> blocks;                      // [num_blocks]
+    std::vector<int> free_blocks;
+    std::map<uint64_t, int> evictable;              // release tick → cached block nobody holds, oldest first
+    std::unordered_map<uint64_t, int> by_hash;      // hash → named block
+    std::unordered_map<int, SequenceBlocks> sequences;
+    bool prefix_caching = true;
+    uint64_t clock = 0;
+
+    // FNV-1a over the parent's hash and the ids, then a final mix: cheap, and chained so a block's name depends on
+    // everything before it (the same ids after a different prefix have different K/V).
+    static uint64_t hash_block(uint64_t parent, std::span<const int> ids) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        auto mix = [&h](uint64_t word) {
+            for (int byte = 0; byte < 8; ++byte) h = (h ^ ((word >> (8 * byte)) & 0xFF)) * 0x100000001b3ull;
+        };
+        mix(parent);
+        for (int id : ids) mix(static_cast<uint32_t>(id));
+        h ^= h >> 33;
+        return (h * 0xff51afd7ed558ccdull) | 1;  // never 0: 0 is "no parent"
+    }
+
+    // The cached block that holds `ids` after the prefix named `parent`, or -1. The hash names the block; the stored
+    // ids prove it (a 64-bit collision would otherwise mix two prompts).
+    int find(uint64_t parent, uint64_t hash, std::span<const int> ids) const {
+        auto found = by_hash.find(hash);
+        if (found == by_hash.end()) return -1;
+        const Block& block = blocks[static_cast<size_t>(found->second)];
+        if (block.parent != parent || !std::equal(ids.begin(), ids.end(), block.tokens.begin())) return -1;
+        return found->second;
+    }
+
+    // A free block, else the least recently released cached one (its name is forgotten).
+    int take_block() {
+        int id;
+        if (!free_blocks.empty()) {
+            id = free_blocks.back();
+            free_blocks.pop_back();
+        } else {
+            auto oldest = evictable.begin();
+            id = oldest->second;
+            evictable.erase(oldest);
+            Block& block = blocks[static_cast<size_t>(id)];
+            by_hash.erase(block.hash);
+            block.hashed = false;
+            block.tokens.clear();
+        }
+        blocks[static_cast<size_t>(id)].ref_count = 1;
+        return id;
+    }
+};
+
+inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size)
+    : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks),
+      token_width_(config.n_kv_heads * config.head_dim), blocks_(std::make_unique<BlockManager>()) {
+    if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
+    if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
+    size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
+    // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
+    // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
+    keys_.reset(new float[floats]);
+    values_.reset(new float[floats]);
+    blocks_->blocks.resize(static_cast<size_t>(num_blocks_));
+    for (int block = num_blocks_ - 1; block >= 0; --block) blocks_->free_blocks.push_back(block);
+}
+
+inline KVCache::~KVCache() = default;
+
+inline const std::vector<int>& KVCache::block_table(int sequence) const {
+    auto found = blocks_->sequences.find(sequence);
+    if (found == blocks_->sequences.end()) fail("KV cache: sequence ", sequence, " has no blocks");
+    return found->second.table;
+}
+inline bool KVCache::has_sequence(int sequence) const { return blocks_->sequences.count(sequence) > 0; }
+inline void KVCache::set_prefix_caching(bool on) { blocks_->prefix_caching = on; }
+inline bool KVCache::prefix_caching() const { return blocks_->prefix_caching; }
+inline int KVCache::cached_block_count() const { return static_cast<int>(blocks_->evictable.size()); }
+inline int KVCache::free_block_count() const { return static_cast<int>(blocks_->free_blocks.size()); }
+inline int KVCache::ref_count(int block) const { return blocks_->blocks.at(static_cast<size_t>(block)).ref_count; }
+
+// Paging: a sequence takes blocks one at a time as it grows, so the memory it holds is its length rounded up to B
+// (chapter 05 measures the waste against reserving a whole context per request).
+inline bool KVCache::reserve(int sequence, int n_tokens) {
+    std::vector<int>& table = blocks_->sequences[sequence].table;
+    size_t needed = static_cast<size_t>((n_tokens + block_size_ - 1) / block_size_);
+    if (needed <= table.size()) return true;
+    if (needed - table.size() > static_cast<size_t>(available_block_count())) return false;
+    while (table.size() < needed) table.push_back(blocks_->take_block());
+    return true;
+}
+
+// Drops a sequence's hold on its blocks. Named blocks nobody holds become cached; the tail of the sequence is
+// released first, so it is evicted first (a prefix is worth more than the tail that depends on it).
+inline void KVCache::release(int sequence) {
+    BlockManager& m = *blocks_;
+    auto found = m.sequences.find(sequence);
+    if (found == m.sequences.end()) return;
+    const std::vector<int>& table = found->second.table;
+    for (auto it = table.rbegin(); it != table.rend(); ++it) {
+        BlockManager::Block& block = m.blocks[static_cast<size_t>(*it)];
+        if (--block.ref_count > 0) continue;
+        if (block.hashed) {
+            block.last_used = ++m.clock;
+            m.evictable[block.last_used] = *it;
+        } else {
+            m.free_blocks.push_back(*it);
+        }
+    }
+    m.sequences.erase(found);
+}
+
+// Attaches the cached blocks that hold a prefix of `tokens` to a sequence that holds none yet, and returns how many
+// tokens they cover (a multiple of B). At most tokens.size() - 1 are taken: the last token is always computed
+// again, because the next token's logits come from its forward pass (vLLM does the same).
+inline int KVCache::match_prefix(int sequence, std::span<const int> tokens) {
+    BlockManager& m = *blocks_;
+    BlockManager::SequenceBlocks& s = m.sequences[sequence];
+    if (!m.prefix_caching || !s.table.empty() || tokens.empty()) return 0;
+    const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
+    uint64_t parent = 0;
+    for (size_t i = 0; i < full_blocks; ++i) {
+        std::span<const int> ids = tokens.subspan(i * block_size_, static_cast<size_t>(block_size_));
+        uint64_t hash = BlockManager::hash_block(parent, ids);
+        int id = m.find(parent, hash, ids);
+        if (id < 0) break;
+        BlockManager::Block& block = m.blocks[static_cast<size_t>(id)];
+        if (block.ref_count++ == 0) m.evictable.erase(block.last_used);
+        s.table.push_back(id);
+        s.hashed_blocks = static_cast<int>(i + 1);
+        s.last_hash = hash;
+        parent = hash;
+    }
+    return s.hashed_blocks * block_size_;
+}
+
+// A router asks each instance this to send a prompt where its prefix already is (chapter 09).
+inline int KVCache::cached_prefix_tokens(std::span<const int> tokens) const {
+    const BlockManager& m = *blocks_;
+    if (!m.prefix_caching || tokens.empty()) return 0;
+    const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
+    uint64_t parent = 0;
+    size_t matched = 0;
+    for (; matched < full_blocks; ++matched) {
+        std::span<const int> ids = tokens.subspan(matched * block_size_, static_cast<size_t>(block_size_));
+        uint64_t hash = BlockManager::hash_block(parent, ids);
+        if (m.find(parent, hash, ids) < 0) break;
+        parent = hash;
+    }
+    return static_cast<int>(matched) * block_size_;
+}
+
+// After a forward pass: names the sequence's blocks that are now full and computed (`tokens` are all its ids so
+// far, prompt then output; the first n_computed have K/V in the cache), so later requests can find them.
+inline void KVCache::commit(int sequence, std::span<const int> tokens, int n_computed) {
+    BlockManager& m = *blocks_;
+    if (!m.prefix_caching) return;
+    BlockManager::SequenceBlocks& s = m.sequences.at(sequence);
+    const int full = std::min<int>(n_computed / block_size_, static_cast<int>(s.table.size()));
+    for (int i = s.hashed_blocks; i < full; ++i) {
+        std::span<const int> ids = tokens.subspan(static_cast<size_t>(i) * block_size_, static_cast<size_t>(block_size_));
+        uint64_t hash = BlockManager::hash_block(s.last_hash, ids);
+        BlockManager::Block& block = m.blocks[static_cast<size_t>(s.table[i])];
+        // Another sequence may have computed the same block in the same step: the first one keeps the name and this
+        // copy stays anonymous (freed, not cached, on release).
+        if (!block.hashed && !m.by_hash.count(hash)) {
+            block.hashed = true;
+            block.hash = hash;
+            block.parent = s.last_hash;
+            block.tokens.assign(ids.begin(), ids.end());
+            m.by_hash[hash] = s.table[i];
+        }
+        s.last_hash = hash;
+        s.hashed_blocks = i + 1;
+    }
+}
+
+// ==== 06 SCHEDULER ===================================================================================================
+// Which tokens go into the next forward pass, and the Engine that runs many requests at once. Continuous batching
+// (Orca, vLLM, nano-vllm): every step first gives each running sequence its one decode token, then fills what is left
+// of the token budget with prefill chunks of sequences still reading their prompt (chunked prefill), admitting waiting
+// requests first come, first served. When the KV pool runs dry the most recently admitted sequence is preempted: its
+// blocks are released and it waits again, to recompute its prompt and output later (the prefix cache often makes that
+// cheap). The static policy, the baseline, admits a batch and runs it to the end before admitting more. A forward pass
+// over 64 decode tokens reads the weights once, as one token does: decode throughput grows with the batch until the
+// matmuls turn compute-bound. Cost of the scheduling itself: O(sequences) per step. (chapter 06, chapter 08)
+
+enum class SchedulePolicy { Continuous, Static };
+
+struct SchedulerConfig {
+    SchedulePolicy policy = SchedulePolicy::Continuous;
+    int max_batch_tokens = 512;  // tokens per forward pass: bounds a step's latency (and the activations' memory)
+    int max_seqs = 64;           // sequences running at once
+};
+
+// One request's tokens as the scheduler sees them: the ids so far (prompt, then output) and how many of them have
+// their K/V in the cache. tokens.size() - computed == 1 is a decode; more is (the rest of) a prefill.
+struct Sequence {
+    int id = 0;
+    std::vector<int> tokens;
+    int prompt_length = 0;
+    int computed = 0;
+    int cached_tokens = 0;  // prefix-cache hits at the last admission
+    int preemptions = 0;
+    int remaining() const { return static_cast<int>(tokens.size()) - computed; }
+};
+
+// A run of one sequence's tokens in this step's batch: tokens[start, start + count). `sample` is set when the run
+// reaches the sequence's last token, so its logits pick the next one.
+struct ScheduledChunk {
+    Sequence* sequence;
+    int start, count;
+    bool sample;
+};
+
+struct SchedulePlan {
+    std::vector<ScheduledChunk> chunks;
+    int prefill_tokens = 0, decode_tokens = 0;
+    int preemptions = 0;
+    int prefix_hit_tokens = 0;  // tokens admitted sequences found in the prefix cache
+};
+
+class Scheduler {
+public:
+    explicit Scheduler(SchedulerConfig config) : config_(config) {
+        if (config.max_batch_tokens <= 0) fail("scheduler: max_batch_tokens must be positive, found ", config.max_batch_tokens);
+        if (config.max_seqs <= 0) fail("scheduler: max_seqs must be positive, found ", config.max_seqs);
+    }
+
+    const SchedulerConfig& config() const { return config_; }
+    void add(Sequence* sequence) { waiting_.push_back(sequence); }
+    bool empty() const { return waiting_.empty() && running_.empty(); }
+    size_t waiting_count() const { return waiting_.size(); }
+    size_t running_count() const { return running_.size(); }
+
+    // Forgets a finished or cancelled sequence (its blocks are the caller's to release).
+    void remove(const Sequence* sequence) {
+        std::erase(running_, sequence);
+        std::erase(waiting_, sequence);
+    }
+
+    SchedulePlan schedule(KVCache& cache) {
+        SchedulePlan plan;
+        int budget = config_.max_batch_tokens;
+        // Decode tokens first: a running sequence waits at most one step for its next token. Then the partial prefills.
+        for (int pass = 0; pass < 2; ++pass) {
+            for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+                Sequence* s = running_[i];
+                if ((pass == 0) != (s->remaining() == 1) || planned(plan, s)) continue;
+                int count = std::min(s->remaining(), budget);
+                if (!make_room(cache, plan, budget, s, s->computed + count)) continue;  // s itself was preempted
+                budget -= count;
+                add_chunk(plan, s, count);
+                i = index_of(s);  // preemptions may have shifted the list
+            }
+        }
+        // Admissions. Continuous: while the budget lasts. Static: only into an empty batch, then that batch runs to
+        // its end (its members get prefill chunks in later steps if this one's budget is spent).
+        const bool admit = config_.policy == SchedulePolicy::Continuous || running_.empty();
+        while (admit && !waiting_.empty() && static_cast<int>(running_.size()) < config_.max_seqs &&
+               (budget > 0 || config_.policy == SchedulePolicy::Static)) {
+            Sequence* s = waiting_.front();
+            int hit = cache.match_prefix(s->id, s->tokens);
+            s->computed = hit;
+            int count = std::min(s->remaining(), budget);
+            // A new sequence never preempts a running one: if its blocks are not there, it waits (first come, first
+            // served: nobody behind it jumps the queue).
+            if (!cache.reserve(s->id, s->computed + count)) {
+                cache.release(s->id);
+                s->computed = 0;
+                break;
+            }
+            waiting_.pop_front();
+            running_.push_back(s);
+            s->cached_tokens = hit;
+            plan.prefix_hit_tokens += hit;
+            if (count > 0) {
+                budget -= count;
+                add_chunk(plan, s, count);
+            }
+        }
+        return plan;
+    }
+
+private:
+    static bool planned(const SchedulePlan& plan, const Sequence* s) {
+        return std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) { return c.sequence == s; });
+    }
+    size_t index_of(const Sequence* s) const {
+        return static_cast<size_t>(std::find(running_.begin(), running_.end(), s) - running_.begin());
+    }
+
+    void add_chunk(SchedulePlan& plan, Sequence* s, int count) {
+        bool sample = s->computed + count == static_cast<int>(s->tokens.size());
+        plan.chunks.push_back({s, s->computed, count, sample});
+        (s->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) += count;
+    }
+
+    // Reserves blocks for s up to n_tokens, preempting the most recently admitted sequences until they fit. Returns
+    // false when s itself had to go.
+    bool make_room(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* s, int n_tokens) {
+        while (!cache.reserve(s->id, n_tokens)) {
+            Sequence* victim = running_.back();
+            preempt(cache, plan, budget, victim);
+            if (victim == s) return false;
+        }
+        return true;
+    }
+
+    void preempt(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* victim) {
+        // A victim already planned this step gives its tokens back.
+        for (auto it = plan.chunks.begin(); it != plan.chunks.end(); ++it) {
+            if (it->sequence != victim) continue;
+            budget += it->count;
+            (victim->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) -= it->count;
+            plan.chunks.erase(it);
+            break;
+        }
+        std::erase(running_, victim);
+        cache.release(victim->id);
+        victim->computed = 0;
+        ++victim->preemptions;
+        ++plan.preemptions;
+        waiting_.push_front(victim);  // first in line again: it was admitted before everyone still waiting
+    }
+
+    SchedulerConfig config_;
+    std::deque<Sequence*> waiting_;
+    std::vector<Sequence*> running_;  // in admission order: the back is preempted first
+};
+
+// ---- Engine ---------------------------------------------------------------------------------------------------------
+// add_request() queues a request; each step() asks the scheduler for a batch, runs one forward pass over it, samples
+// each sequence that reached its last token with that request's own sampler, turns the ids into text (holding back
+// what could be the start of a stop string) and returns what happened as events. EngineLoop runs step() on its own
+// thread for callers on others (the server's HTTP threads).
+
+struct EngineConfig {
+    SchedulerConfig scheduler;
+    int block_size = 16;
+    int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
+    size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
+    bool prefix_caching = true;
+    Device device = Device::Cpu;   // where the forward pass runs (section 5b); the rest of the engine is the same
+    CudaOptions cuda;              // with Device::Cuda
+};
+
+// What one step did to one request: the ids it produced, the text they completed, and whether it finished.
+struct Event {
+    int request_id = 0;
+    std::vector<int> token_ids;  // new ids (a stop id is not among them)
+    std::vector<TokenLogprob> logprobs;  // one per id in token_ids, when the request asked for them
+    std::string text;            // new text (held-back text comes later, or never if it turns out to be a stop string)
+    bool finished = false;
+    std::string finish_reason;   // when finished: "stop", "length", "cancelled" or "error"
+    std::string error;           // when finish_reason is "error": why
+};
+
+// Where one request's time went, in seconds: waiting (in the queue, or running but left out of a step), and its share
+// of the steps it was part of. A step is attributed whole to each of its requests, since each waits for all of it; its
+// forward time counts as prefill until the request's first token and as decode after. The parts sum to finished -
+// arrival, so a benchmark can name the layer that dominates.
+struct RequestBreakdown {
+    double queue = 0, schedule = 0, prefill = 0, decode = 0, sample = 0, detokenize = 0;
+    double total() const { return queue + schedule + prefill + decode + sample + detokenize; }
+};
+
+// Times in seconds since the engine was made (steady clock).
+struct RequestTimes {
+    double arrival = -1, first_scheduled = -1, first_token = -1, finished = -1;
+    std::vector<double> token_times;  // [generated] when each id was sampled
+    RequestBreakdown breakdown;
+};
+
+struct RequestResult {
+    int id = 0;
+    std::vector<int> prompt_ids, generated_ids;
+    std::vector<TokenLogprob> logprobs;  // one per generated id, when the request asked for them
+    std::string text;            // the output text, ending before a matched stop string
+    std::string finish_reason;   // "stop", "length", "cancelled" or "error"
+    std::string error;
+    uint64_t seed = 0;
+    int cached_tokens = 0;       // prompt tokens found in the prefix cache at the last admission
+    int preemptions = 0;
+    RequestTimes times;
+};
+
+// What one step cost and what the pool looked like after it.
+struct StepStats {
+    double start = 0, schedule = 0, forward = 0, sample = 0, detokenize = 0;  // start: seconds since the engine began
+    int prefill_tokens = 0, decode_tokens = 0, sequences = 0, preemptions = 0, prefix_hit_tokens = 0;
+    int blocks_used = 0, blocks_free = 0, blocks_cached = 0;
+};
+
+// Totals over the engine's life, for a summary line.
+struct EngineTotals {
+    int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0, prompt_tokens = 0, prefix_hit_tokens = 0;
+};
+
+class Engine {
+public:
+    // `tokenizer` streams text and encodes string prompts (nullptr: the model's own, when it has one; without one
+    // only ids come out, and stop strings are refused).
+    Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
+        : model_(model), config_(config), forward_(model, pool, config.device, config.cuda), scheduler_(config.scheduler),
+          cache_(model.config, pool_blocks(model.config, config), config.block_size) {
+        cache_.set_prefix_caching(config.prefix_caching);
+        if (tokenizer) tokenizer_ = *tokenizer;
+        else if (has_tokenizer(model)) tokenizer_ = tokenizer_for(model);
+        stop_ids_ = model.config.eos_ids;
+        if (tokenizer_) stop_ids_.insert(stop_ids_.end(), tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end());
+        logits_.resize(static_cast<size_t>(model.config.vocab_size));
+    }
+
+    const KVCache& cache() const { return cache_; }
+    int waiting_count() const { return static_cast<int>(scheduler_.waiting_count()); }  // queued, not yet admitted
+    int running_count() const { return static_cast<int>(scheduler_.running_count()); }  // in the running batch
+    const EngineConfig& config() const { return config_; }
+    const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
+
+    // Queues a request and returns its id. A request that can never run (empty prompt, prompt + max_tokens beyond the
+    // context, more blocks than the whole pool, a bad parameter) is not thrown back: the next step() reports it as an
+    // "error" event whose message names the sizes, as a server answers one bad request without stopping.
+    int add_request(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop = {}) {
+        auto request = std::make_unique<Request>();
+        Request& r = *request;
+        r.seq.id = next_id_++;
+        r.seq.prompt_length = static_cast<int>(prompt_ids.size());
+        r.seq.tokens = std::move(prompt_ids);
+        r.params = params;
+        r.stop = std::move(stop);
+        r.times.arrival = r.accounted_until = now();
+        std::string problem = check(r);
+        if (problem.empty()) {
+            r.sampler.emplace(params, model_.config.vocab_size);
+            r.sampler->set_prompt(r.seq.tokens);
+            if (tokenizer_) r.stream.emplace(*tokenizer_, r.seq.tokens.back());
+            totals_.prompt_tokens += r.seq.prompt_length;
+        }
+        const int id = r.seq.id;
+        requests_[id] = std::move(request);
+        if (!problem.empty()) finish_later(id, "error", problem);
+        else if (params.max_tokens == 0) finish_later(id, "length", "");
+        else scheduler_.add(&requests_[id]->seq);
+        return id;
+    }
+    // Text prompts are encoded with the engine's tokenizer (BOS as the tokenizer adds it).
+    int add_request(std::string_view prompt, const SamplingParams& params, std::vector<std::string> stop = {}) {
+        if (!tokenizer_) fail(model_.source, ": the engine has no tokenizer to encode a text prompt; pass token ids");
+        return add_request(tokenizer_->encode(prompt), params, std::move(stop));
+    }
+
+    // Stops a request at the next step: its blocks go back to the pool and it finishes with "cancelled".
+    // Unknown or finished ids are ignored (the request may have finished meanwhile).
+    void cancel(int id) {
+        auto found = requests_.find(id);
+        if (found != requests_.end() && !found->second->done) cancelled_.push_back(id);
+    }
+
+    bool has_work() const { return !scheduler_.empty() || !pending_finish_.empty() || !cancelled_.empty(); }
+
+    std::vector<Event> step() {
+        std::vector<Event> events;
+        StepStats stats;
+        stats.start = now();
+        Stopwatch clock;
+        for (int id : std::exchange(cancelled_, {}))
+            if (requests_.count(id) && !requests_[id]->done) finish(id, "cancelled", "", events);
+        for (auto& [id, reason, message] : std::exchange(pending_finish_, {}))
+            if (!requests_.at(id)->done) finish(id, reason, message, events);
+
+        SchedulePlan plan = scheduler_.schedule(cache_);
+        batch_.clear();
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Request& r = request_of(chunk.sequence);
+            if (r.times.first_scheduled < 0) r.times.first_scheduled = stats.start;
+            for (int i = 0; i < chunk.count; ++i) {
+                int position = chunk.start + i;
+                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
+            }
+        }
+        stats.schedule = clock.seconds();
+        clock.restart();
+        std::span<const float> logits = forward_.forward(batch_, cache_);
+        stats.forward = clock.seconds();
+
+        size_t row = 0;
+        std::vector<bool> before_first_token;
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Sequence& s = *chunk.sequence;
+            before_first_token.push_back(request_of(&s).times.first_token < 0);
+            request_of(&s).in_step = true;
+            s.computed += chunk.count;
+            cache_.commit(s.id, s.tokens, s.computed);
+            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
+        }
+        for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
+
+        stats.prefill_tokens = plan.prefill_tokens;
+        stats.decode_tokens = plan.decode_tokens;
+        stats.sequences = static_cast<int>(plan.chunks.size());
+        stats.preemptions = plan.preemptions;
+        stats.prefix_hit_tokens = plan.prefix_hit_tokens;
+        stats.blocks_used = cache_.used_block_count();
+        stats.blocks_free = cache_.free_block_count();
+        stats.blocks_cached = cache_.cached_block_count();
+        if (!plan.chunks.empty()) {
+            ++totals_.steps;
+            steps_.push_back(stats);
+        }
+        totals_.prefill_tokens += plan.prefill_tokens;
+        totals_.decode_tokens += plan.decode_tokens;
+        totals_.preemptions += plan.preemptions;
+        totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
+        return events;
+    }
+
+    // A finished request's result, handed over once (the engine then forgets the request).
+    std::optional<RequestResult> take_result(int id) {
+        auto found = requests_.find(id);
+        if (found == requests_.end() || !found->second->done) return std::nullopt;
+        RequestResult result = std::move(found->second->result);
+        requests_.erase(found);
+        return result;
+    }
+
+    // Runs the prompts together to the end; results in the order of the prompts.
+    std::vector<RequestResult> generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                        const std::vector<std::string>& stop = {}) {
+        std::vector<int> ids;
+        for (const auto& prompt : prompts) ids.push_back(add_request(prompt, params, stop));
+        while (has_work()) step();
+        std::vector<RequestResult> results;
+        for (int id : ids) results.push_back(*take_result(id));
+        return results;
+    }
+
+    const std::vector<StepStats>& steps() const { return steps_; }
+    const EngineTotals& totals() const { return totals_; }
+    double now() const { return clock_.seconds(); }
+
+private:
+    struct Request {
+        Sequence seq;
+        SamplingParams params;
+        std::vector<std::string> stop;
+        std::optional<Sampler> sampler;
+        std::optional<TextStream> stream;
+        std::string text;    // all text streamed so far (may end in held-back text)
+        size_t emitted = 0;  // bytes of `text` already sent in events
+        RequestTimes times;
+        double accounted_until = 0;  // the end of the last step in its breakdown (or its arrival)
+        bool in_step = false;        // part of the step being run: account() adds the step to its breakdown
+        RequestResult result;
+        bool stop_hit = false;  // a stop string was found: the text ends before it
+        bool done = false;
+    };
+
+    static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
+        if (config.block_size <= 0) fail("engine: block_size must be positive, found ", config.block_size);
+        if (config.num_blocks > 0) return config.num_blocks;
+        size_t bytes = config.kv_memory_bytes;
+        if (bytes == 0)
+            bytes = std::min<size_t>(size_t{1} << 30, KVCache::bytes_per_token(c) * static_cast<size_t>(c.context_length) *
+                                                          static_cast<size_t>(std::max(config.scheduler.max_seqs, 1)));
+        return KVCache::blocks_for_memory(c, bytes, config.block_size);
+    }
+
+    Request& request_of(const Sequence* s) { return *requests_.at(s->id); }
+
+    // Why the request can never run, or "" when it can.
+    std::string check(const Request& r) const {
+        const int prompt = r.seq.prompt_length, context = model_.config.context_length;
+        try {
+            r.params.validate();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        if (prompt == 0) return "the prompt is empty: nothing to condition on (add BOS or some text)";
+        for (int id : r.seq.tokens)
+            if (id < 0 || id >= model_.config.vocab_size)
+                return concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
+        if (prompt + r.params.max_tokens > context)
+            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
+                                  ") exceed the model's context of ", context, " tokens");
+        const int blocks = (prompt + r.params.max_tokens + cache_.block_size() - 1) / cache_.block_size();
+        if (blocks > cache_.num_blocks())
+            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
+                                  " KV blocks of ", cache_.block_size(), " tokens, but the whole pool holds ", cache_.num_blocks());
+        if (!r.stop.empty() && !tokenizer_) return "stop strings need a tokenizer, and this engine has none";
+        for (const std::string& s : r.stop)
+            if (s.empty()) return "a stop string is empty";
+        return "";
+    }
+
+    // Adds a step the request took part in to its breakdown; the time since its last step is waiting.
+    static void account(Request& r, const StepStats& step, bool prefill) {
+        RequestBreakdown& b = r.times.breakdown;
+        const double end = step.start + step.schedule + step.forward + step.sample + step.detokenize;
+        b.queue += std::max(0.0, step.start - r.accounted_until);
+        b.schedule += step.schedule;
+        (prefill ? b.prefill : b.decode) += step.forward;
+        b.sample += step.sample;
+        b.detokenize += step.detokenize;
+        r.accounted_until = end;
+        r.in_step = false;
+        if (r.done) {  // finished in this step: its result is complete when the step returns
+            r.times.finished = end;
+            r.result.times = r.times;
+        }
+    }
+
+    void finish_later(int id, std::string reason, std::string message) {
+        pending_finish_.push_back({id, std::move(reason), std::move(message)});
+    }
+
+    void sample(Request& r, std::span<const float> row, StepStats& stats, std::vector<Event>& events) {
+        Stopwatch clock;
+        logits_.assign(row.begin(), row.end());
+        int next = r.sampler->sample(logits_);
+        const double t = now();
+        stats.sample += clock.seconds();
+        if (!r.params.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), next) != stop_ids_.end()) {
+            finish(r.seq.id, "stop", "", events);
+            return;
+        }
+        r.sampler->accept(next);
+        r.seq.tokens.push_back(next);
+        r.result.generated_ids.push_back(next);
+        if (r.params.logprobs >= 0) r.result.logprobs.push_back(token_logprob(row, next, r.params.logprobs));
+        r.times.token_times.push_back(t);
+        if (r.times.first_token < 0) r.times.first_token = t;
+        Event event;
+        event.request_id = r.seq.id;
+        event.token_ids = {next};
+        if (r.params.logprobs >= 0) event.logprobs = {r.result.logprobs.back()};
+        bool stopped = false;
+        if (r.stream) {
+            clock.restart();
+            r.text += r.stream->push(next);
+            stopped = emit_text(r, event, false);
+            stats.detokenize += clock.seconds();
+        }
+        const int generated = static_cast<int>(r.result.generated_ids.size());
+        if (stopped) finish(r.seq.id, "stop", "", events, &event);
+        else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
+            finish(r.seq.id, "length", "", events, &event);
+        else events.push_back(std::move(event));
+    }
+
+    // Moves newly streamed text into the event. A stop string found ends the text before it (returns true); a tail
+    // that could still grow into one is held back unless this is the end.
+    bool emit_text(Request& r, Event& event, bool at_end) {
+        size_t longest = 0;
+        for (const std::string& s : r.stop) longest = std::max(longest, s.size());
+        size_t from = r.emitted > longest ? r.emitted - longest : 0;  // a match may straddle emitted text
+        size_t cut = std::string::npos;
+        for (const std::string& s : r.stop) cut = std::min(cut, r.text.find(s, from));
+        if (cut != std::string::npos) {
+            r.text.resize(cut);
+            event.text += r.text.substr(std::min(r.emitted, cut));
+            r.emitted = r.text.size();
+            r.stop_hit = true;
+            return true;
+        }
+        size_t keep = r.text.size();
+        if (!at_end)  // hold back the longest tail of the text that is a proper prefix of some stop string
+            for (const std::string& s : r.stop)
+                for (size_t n = std::min(s.size() - 1, r.text.size()); n > 0; --n)
+                    if (r.text.compare(r.text.size() - n, n, s, 0, n) == 0) {
+                        keep = std::min(keep, r.text.size() - n);
+                        break;
+                    }
+        if (keep > r.emitted) {
+            event.text += r.text.substr(r.emitted, keep - r.emitted);
+            r.emitted = keep;
+        }
+        return false;
+    }
+
+    void finish(int id, std::string reason, const std::string& message, std::vector<Event>& events, Event* last = nullptr) {
+        Request& r = *requests_.at(id);
+        Event event = last ? std::move(*last) : Event{};
+        event.request_id = id;
+        if (reason == "cancelled" || reason == "error") {
+            r.text.resize(r.emitted);  // what was never sent is not part of the result
+        } else if (r.stream && !r.stop_hit) {  // the end: flush what the stream and the hold-back kept
+            r.text += r.stream->finish();
+            emit_text(r, event, true);
+            if (r.stop_hit) reason = "stop";
+        }
+        event.finished = true;
+        event.finish_reason = reason;
+        event.error = message;
+        r.done = true;
+        r.times.finished = now();
+        if (!r.in_step) {  // finished while waiting (cancelled, refused): all of it since its last step was waiting
+            r.times.breakdown.queue += std::max(0.0, r.times.finished - r.accounted_until);
+            r.accounted_until = r.times.finished;
+        }
+        scheduler_.remove(&r.seq);
+        cache_.release(id);
+        r.result.id = id;
+        r.result.prompt_ids.assign(r.seq.tokens.begin(), r.seq.tokens.begin() + r.seq.prompt_length);
+        r.result.text = r.text;
+        r.result.finish_reason = reason;
+        r.result.error = message;
+        r.result.seed = r.sampler ? r.sampler->seed() : 0;
+        r.result.cached_tokens = r.seq.cached_tokens;
+        r.result.preemptions = r.seq.preemptions;
+        r.result.times = r.times;
+        r.sampler.reset();
+        r.stream.reset();
+        events.push_back(std::move(event));
+    }
+
+    const Model& model_;
+    EngineConfig config_;
+    DeviceForwardPass forward_;
+    Scheduler scheduler_;
+    KVCache cache_;
+    std::optional<Tokenizer> tokenizer_;
+    std::vector<int> stop_ids_;
+    std::unordered_map<int, std::unique_ptr<Request>> requests_;
+    std::vector<int> cancelled_;
+    std::vector<std::tuple<int, std::string, std::string>> pending_finish_;
+    Batch batch_;
+    std::vector<float> logits_;  // [V] the row being sampled (the sampler edits it)
+    std::vector<StepStats> steps_;
+    EngineTotals totals_;
+    Stopwatch clock_;
+    int next_id_ = 0;
+};
+
+// The thread-safe front door: a thread that runs step() while there is work, and a submit/cancel that any thread may
+// call. One mutex guards the engine, so a submit waits at most one step; each request's events go to its callback on
+// the loop's thread, outside the lock (a callback may submit or cancel). Simple on purpose: a submit may wait for the
+// step in progress (the loop lets waiting callers in before its next one); a server that must never wait would put a
+// queue between the two sides. try_submit() and inspect() are the serving layer's: admission and routing (chapter 08).
+class EngineLoop {
+public:
+    using Callback = std::function<void(const Event&)>;
+
+    explicit EngineLoop(Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
+    EngineLoop(const EngineLoop&) = delete;
+    EngineLoop& operator=(const EngineLoop&) = delete;
+    ~EngineLoop() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        wake_.notify_all();
+        thread_.join();
+    }
+
+    // Queues a request; `on_event` receives its events, the last with finished set. The result stays with the engine
+    // until someone calls result(id).
+    int submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop, Callback on_event) {
+        auto lock = caller_lock();
+        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
+        callbacks_[id] = std::move(on_event);
+        wake_.notify_all();
+        return id;
+    }
+    void cancel(int id) {
+        auto lock = caller_lock();
+        engine_.cancel(id);
+        wake_.notify_all();
+    }
+    // submit(), but only if `admit` (asked under the lock, so no other submit slips in between) accepts the engine's
+    // state: a server's admission control. nullopt: refused, nothing queued.
+    std::optional<int> try_submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop,
+                                  Callback on_event, const std::function<bool(const Engine&)>& admit) {
+        auto lock = caller_lock();
+        if (!admit(engine_)) return std::nullopt;
+        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
+        callbacks_[id] = std::move(on_event);
+        wake_.notify_all();
+        return id;
+    }
+    std::optional<RequestResult> result(int id) {
+        auto lock = caller_lock();
+        return engine_.take_result(id);
+    }
+    // Runs `look` on the engine between steps, for routing and metrics (queue lengths, cache contents, totals).
+    template <class Look>
+    auto inspect(Look&& look) {
+        auto lock = caller_lock();
+        return look(std::as_const(engine_));
+    }
+    // Blocks until every submitted request has finished.
+    void wait_idle() {
+        auto lock = caller_lock();
+        idle_.wait(lock, [&] { return !engine_.has_work() && delivering_ == 0; });
+    }
+
+private:
+    // The lock for a caller of submit/cancel/result/inspect. std::mutex is not fair: the loop, which takes it again
+    // right after each step, could keep an HTTP thread out for many steps. Callers announce themselves, and the loop
+    // lets them in before its next step.
+    std::unique_lock<std::mutex> caller_lock() {
+        ++callers_;
+        std::unique_lock lock(mutex_);
+        --callers_;
+        return lock;
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        while (true) {
+            wake_.wait(lock, [&] { return stopping_ || engine_.has_work(); });
+            if (stopping_) return;
+            std::vector<Event> events = engine_.step();
+            std::vector<std::pair<Callback, Event>> deliveries;
+            for (Event& event : events) {
+                auto found = callbacks_.find(event.request_id);
+                if (found == callbacks_.end()) continue;
+                deliveries.emplace_back(found->second, std::move(event));
+                if (deliveries.back().second.finished) callbacks_.erase(found);
+            }
+            ++delivering_;
+            lock.unlock();
+            for (auto& [callback, event] : deliveries)
+                if (callback) callback(event);
+            while (callers_ > 0) std::this_thread::yield();  // callers first: each waits at most one step
+            lock.lock();
+            --delivering_;
+            if (!engine_.has_work()) idle_.notify_all();
+        }
+    }
+
+    Engine& engine_;
+    std::mutex mutex_;
+    std::condition_variable wake_, idle_;
+    std::unordered_map<int, Callback> callbacks_;
+    int delivering_ = 0;
+    std::atomic<int> callers_{0};  // threads waiting for the lock in caller_lock()
+    bool stopping_ = false;
+    std::thread thread_;  // last: it starts once everything above exists
+};
+
+// Chrome's trace-event format (chrome://tracing, ui.perfetto.dev): one track for the engine's steps (each an "X"
+// event with its token counts), one per request (queued, prefill until the first token, decode until it finished,
+// and an instant mark at each sampled token).
+inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> steps, std::span<const RequestResult> requests) {
+    auto us = [](double seconds) { return static_cast<long long>(seconds * 1e6); };
+    out << "{\"traceEvents\":[\n";
+    out << R"({"name":"thread_name","ph":"M","pid":1,"tid":0,"args":{"name":"engine steps"}})";
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const StepStats& s = steps[i];
+        double length = s.schedule + s.forward + s.sample + s.detokenize;
+        out << ",\n{\"name\":\"step " << i << "\",\"ph\":\"X\",\"pid\":1,\"tid\":0,\"ts\":" << us(s.start)
+            << ",\"dur\":" << std::max(1LL, us(length)) << ",\"args\":{\"prefill_tokens\":" << s.prefill_tokens
+            << ",\"decode_tokens\":" << s.decode_tokens << ",\"sequences\":" << s.sequences
+            << ",\"preemptions\":" << s.preemptions << ",\"prefix_hit_tokens\":" << s.prefix_hit_tokens
+            << ",\"blocks_used\":" << s.blocks_used << ",\"blocks_free\":" << s.blocks_free
+            << ",\"blocks_cached\":" << s.blocks_cached << ",\"forward_ms\":" << s.forward * 1e3 << "}}";
+    }
+    for (const RequestResult& r : requests) {
+        const RequestTimes& t = r.times;
+        const int tid = r.id + 1;
+        out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << tid << ",\"args\":{\"name\":\"request " << r.id << "\"}}";
+        auto span = [&](const char* name, double from, double to) {
+            if (from < 0 || to < from) return;
+            out << ",\n{\"name\":\"" << name << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << us(from)
+                << ",\"dur\":" << std::max(1LL, us(to) - us(from)) << ",\"args\":{\"prompt_tokens\":" << r.prompt_ids.size()
+                << ",\"generated_tokens\":" << r.generated_ids.size() << ",\"cached_tokens\":" << r.cached_tokens
+                << ",\"finish_reason\":\"" << r.finish_reason << "\"}}";
+        };
+        const double scheduled = t.first_scheduled >= 0 ? t.first_scheduled : t.finished;
+        span("queued", t.arrival, scheduled);
+        span("prefill", t.first_scheduled, t.first_token >= 0 ? t.first_token : t.finished);
+        span("decode", t.first_token, t.finished);
+        for (size_t i = 0; i < t.token_times.size(); ++i)
+            out << ",\n{\"name\":\"token\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":" << tid << ",\"ts\":"
+                << us(t.token_times[i]) << ",\"args\":{\"index\":" << i << ",\"id\":" << r.generated_ids[i] << "}}";
+    }
+    out << "\n]}\n";
+}
+
+// ==== 07 HARDWARE ====================================================================================================
+// Where the forward pass runs: the CPU code of section 04 (its SIMD kernels in appendix F), or the CUDA kernels of
+// infer_cuda.cu (a build with nvcc defines INFER_CUDA and links them). Both take the same Batch and the same KVCache
+// (it keeps the block tables; on the GPU the keys and values live in device memory in the same [L, num_blocks, B, Hkv,
+// Dh] layout) and give the same logits [rows, V] in host memory, so the sampler, scheduler, engine and server do not
+// know which ran. Decode streams every weight once per step (memory-bound: it should run near the memory bandwidth);
+// prefill is matrix-matrix work (compute-bound: near the FMA or tensor-core rate). Chapter 07 puts both on a roofline.
+
+#ifdef INFER_CUDA
+// Implemented in infer_cuda.cu; declared here so the header stays standard-library-only.
+namespace cuda {
+
+bool device_available(std::string* why = nullptr);  // false (and why) when no CUDA device can be used
+std::string device_description(int device = 0);     // "NVIDIA H200, 132 SMs, 139 GiB, sm_90"
+double measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int repeats = 20);  // bytes/s, read + written
+double measure_bf16_matmul_rate(int n = 8192, int repeats = 20);                  // flop/s of cuBLAS bf16, f32 sums
+
+// The forward pass on the GPU: ForwardPass's interface, weights uploaded once at construction.
+class ForwardPass {
+public:
+    explicit ForwardPass(const Model& model, CudaOptions options = {});
+    ~ForwardPass();
+    ForwardPass(const ForwardPass&) = delete;
+    ForwardPass& operator=(const ForwardPass&) = delete;
+
+    const Model& model() const;
+    // Logits [rows, V] (host memory, valid until the next call) for the tokens whose wants_logits is set.
+    std::span<const float> forward(const Batch& batch, KVCache& cache);
+
+    struct State;  // device buffers, cuBLAS, graphs (infer_cuda.cu)
+
+private:
+    std::unique_ptr<State> state_;
+};
+
+// Each kernel alone on host data, so the tests can hold it against its CPU twin.
+namespace kernels {
+enum class MatmulKernel { Vector, Tiled, Cublas };
+std::vector<float> embedding(const Tensor& table, const std::vector<int>& ids);                        // [T, D]
+// x [T, D] += add (if not empty), returns rms_norm(x) · gain [T, D]
+std::vector<float> add_rms_norm(std::vector<float>& x, const std::vector<float>& add, const Tensor& gain, int D, double eps);
+// x [T, heads, Dh]: per-head norm (if `norm` is not empty), then RoPE with cos/sin [T, Dh/2]
+std::vector<float> rope(const std::vector<float>& x, int heads, int Dh, const Tensor& norm, double eps,
+                        const std::vector<float>& cos, const std::vector<float>& sin, RopeStyle style);
+// k, v [T, width] into pools of `pool_slots` slots; returns the key pool then the value pool, [2, pool_slots, width]
+std::vector<float> write_kv(const std::vector<float>& k, const std::vector<float>& v, const std::vector<int>& slots,
+                            int width, int pool_slots);
+std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, const Tensor* bias, MatmulKernel kernel);
+// q [T, H, Dh] over the keys and values `cache` holds (host) for `layer`: [T, H, Dh]
+std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, int layer, const Batch& batch,
+                             const ModelConfig& config, bool prefill_kernel);
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+}  // namespace kernels
+
+}  // namespace cuda
+#endif
+
+inline bool cuda_compiled() {
+#ifdef INFER_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+// Whether --device cuda can run here; `why` says what is missing when not.
+inline bool cuda_available(std::string* why = nullptr) {
+#ifdef INFER_CUDA
+    return cuda::device_available(why);
+#else
+    if (why) *why = "this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)";
+    return false;
+#endif
+}
+
+inline DeviceForwardPass::DeviceForwardPass(const Model& model, ThreadPool& pool, Device device, CudaOptions options)
+    : cpu_(model, pool), device_(device) {
+    if (device == Device::Cuda) {
+#ifdef INFER_CUDA
+        cuda_ = std::make_unique<cuda::ForwardPass>(model, options);
+#else
+        (void)options;
+        fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");
+#endif
+    }
+}
+
+inline DeviceForwardPass::~DeviceForwardPass() = default;
+
+inline std::span<const float> DeviceForwardPass::forward(const Batch& batch, KVCache& cache) {
+#ifdef INFER_CUDA
+    if (cuda_) return cuda_->forward(batch, cache);
+#endif
+    return cpu_.forward(batch, cache);
+}
+
+// ==== A JSON AND GGUF VALUES =========================================================================================
+// The parsers behind Json::parse and read_gguf's metadata: strict, bounds-checked, and with messages that name the
+// file and the byte offset, because these bytes come from files a user downloaded.
 
 namespace detail {
 
@@ -452,773 +3901,7 @@ inline Json Json::parse(std::string_view text, std::string_view origin) {
     return detail::JsonParser(text, origin).parse_document();
 }
 
-// ---- 16-bit floats ---------------------------------------------------------------------------------------------------
-// bf16 is the top half of an f32 (same exponent range, 8 mantissa bits): widening is a shift. f16 has 5 exponent bits,
-// so widening rebuilds the exponent. Checkpoints store weights this way to halve the bytes a decode step must read.
-
-inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-
-inline uint16_t f32_to_bf16(float value) {
-    uint32_t bits = std::bit_cast<uint32_t>(value);
-    if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
-    bits += 0x7FFF + ((bits >> 16) & 1);                                                       // round to nearest even
-    return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float f16_to_f32(uint16_t half) {
-    uint32_t sign = static_cast<uint32_t>(half & 0x8000) << 16;
-    uint32_t exponent = (half >> 10) & 0x1F;
-    uint32_t mantissa = half & 0x3FF;
-    if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
-    if (exponent == 0) {
-        if (mantissa == 0) return std::bit_cast<float>(sign);
-        float subnormal = std::ldexp(static_cast<float>(mantissa), -24);
-        return sign ? -subnormal : subnormal;
-    }
-    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
-
-inline uint16_t f32_to_f16(float value) {
-    uint32_t bits = std::bit_cast<uint32_t>(value);
-    uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-    float magnitude = std::fabs(value);
-    if (std::isnan(value)) return sign | 0x7E00;
-    if (magnitude >= 65520.0f) return sign | 0x7C00;  // rounds to infinity
-    if (magnitude < 6.103515625e-05f) {                 // subnormal: a multiple of 2^-24
-        return sign | static_cast<uint16_t>(std::nearbyint(magnitude * 16777216.0f));
-    }
-    int exponent = 0;
-    float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5, 1)
-    uint32_t mantissa = static_cast<uint32_t>(std::nearbyint((fraction * 2.0f - 1.0f) * 1024.0f));
-    if (mantissa == 1024) {
-        mantissa = 0;
-        ++exponent;
-    }
-    return sign | static_cast<uint16_t>(((exponent + 14) << 10) | mantissa);
-}
-
-// ---- Timers ----------------------------------------------------------------------------------------------------------
-
-class Stopwatch {
-public:
-    Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-    double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-    void restart() { start_ = std::chrono::steady_clock::now(); }
-
-private:
-    std::chrono::steady_clock::time_point start_;
-};
-
-// Where one request's time went, layer by layer (chapter 01 prints this table).
-struct LayerTimes {
-    double load = 0, tokenize = 0, prefill = 0, decode = 0, sample = 0, detokenize = 0;
-};
-
-// ---- Thread pool -----------------------------------------------------------------------------------------------------
-// A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
-// a few parallel sections per layer, each a fraction of a millisecond, so the hand-off must cost microseconds: between
-// sections a worker spins on an atomic counter for a short while (spin_budget) before it sleeps on it (a futex on
-// Linux, tens of microseconds to wake on a VM). An idle pool therefore costs nothing after the budget runs out.
-
 namespace detail {
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-}
-
-// Calls ready() until it returns true or the budget runs out; returns its last answer. After a few microseconds of
-// pure spinning it yields the core at each round, so that when the machine has more runnable threads than cores (tests
-// in parallel, other programs) the thread we wait for gets to run instead of our spin.
-template <class Ready>
-bool spin_until(Ready ready, std::chrono::microseconds budget) {
-    auto deadline = std::chrono::steady_clock::now() + budget;
-    for (int round = 0;; ++round) {
-        if (ready()) return true;
-        if (round < 256) {
-            cpu_relax();
-            continue;
-        }
-        std::this_thread::yield();
-        if (std::chrono::steady_clock::now() > deadline) return ready();
-    }
-}
-}  // namespace detail
-
-class ThreadPool {
-public:
-    // 0 threads: one per hardware thread.
-    explicit ThreadPool(int threads = 0) {
-        if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        size_ = threads;
-        for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
-    }
-    ThreadPool(const ThreadPool&) = delete;
-    ThreadPool& operator=(const ThreadPool&) = delete;
-    ~ThreadPool() {
-        stopping_ = true;
-        generation_.fetch_add(1);
-        generation_.notify_all();
-        for (auto& worker : workers_) worker.join();
-    }
-
-    int size() const { return size_; }
-
-    // Calls body(begin, end, thread) on `size()` disjoint ranges that cover [0, count) and returns when all are done.
-    // One caller at a time: the engine's loop owns its pool.
-    template <class Body>
-    void run(size_t count, Body&& body) {
-        if (size_ == 1 || count <= 1) {
-            body(size_t{0}, count, 0);
-            return;
-        }
-        job_ = [](void* context, size_t begin, size_t end, int thread) {
-            (*static_cast<std::remove_reference_t<Body>*>(context))(begin, end, thread);
-        };
-        context_ = &body;
-        count_ = count;
-        pending_.store(size_ - 1);
-        generation_.fetch_add(1);
-        generation_.notify_all();
-        run_share(0);
-        while (!detail::spin_until([&] { return pending_.load() == 0; }, spin_budget)) {
-            int left = pending_.load();
-            if (left != 0) pending_.wait(left);
-        }
-    }
-
-    // Like run(), but on the calling thread alone when the job is smaller than a hand-off costs: `work` counts its
-    // multiply-adds (or steps of similar cost). Tiny models and short sections then never wait for another thread,
-    // which matters most when the machine has more runnable threads than cores.
-    template <class Body>
-    void run_sized(size_t count, size_t work, Body&& body) {
-        if (work < min_parallel_work) body(size_t{0}, count, 0);
-        else run(count, body);
-    }
-    static constexpr size_t min_parallel_work = size_t{1} << 16;
-
-private:
-    static constexpr std::chrono::microseconds spin_budget{200};
-
-    void run_share(int thread) {
-        size_t begin = count_ * thread / size_;
-        size_t end = count_ * (thread + 1) / size_;
-        if (begin < end) job_(context_, begin, end, thread);
-    }
-
-    void worker_loop(int thread) {
-        uint64_t seen = 0;
-        while (true) {
-            if (!detail::spin_until([&] { return generation_.load() != seen; }, spin_budget)) {
-                generation_.wait(seen);
-                continue;
-            }
-            seen = generation_.load();
-            if (stopping_) return;
-            run_share(thread);
-            if (pending_.fetch_sub(1) == 1) pending_.notify_one();
-        }
-    }
-
-    int size_ = 1;
-    std::vector<std::thread> workers_;
-    // Each counter on its own cache line: workers poll one while the caller polls the other.
-    alignas(64) std::atomic<uint64_t> generation_{0};
-    alignas(64) std::atomic<int> pending_{0};
-    std::atomic<bool> stopping_{false};
-    void (*job_)(void*, size_t, size_t, int) = nullptr;
-    void* context_ = nullptr;
-    size_t count_ = 0;
-};
-
-// =====================================================================================================================
-// 2. WEIGHTS ON DISK — three formats become one Model. A Hugging Face folder (config.json + safetensors), a GGUF file
-//    and a llama2.c .bin all hold the same matrices under different names and layouts. Tensors stay in their stored
-//    dtype inside the mapped file (no copy): loading costs a header parse, and resident memory is what decode touches.
-//    Chapter 02 checks the footprint arithmetic (parameters × bytes per parameter) against the file sizes.
-// =====================================================================================================================
-
-enum class DType { F32, F16, BF16 };
-
-inline size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType dtype) {
-    switch (dtype) {
-        case DType::F32: return "F32";
-        case DType::F16: return "F16";
-        case DType::BF16: return "BF16";
-    }
-    return "?";
-}
-
-// A view of a weight matrix or vector inside a mapped file (or a buffer the Model owns). Shapes are row-major,
-// outermost first, as PyTorch writes them: a linear layer's weight is [N, K].
-struct Tensor {
-    std::string name;
-    DType dtype = DType::F32;
-    std::vector<int64_t> shape;
-    const std::byte* data = nullptr;
-
-    bool empty() const { return data == nullptr; }
-    int64_t elements() const {
-        return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
-    }
-    size_t bytes() const { return static_cast<size_t>(elements()) * dtype_size(dtype); }
-    int64_t rows() const { return shape.empty() ? 0 : shape.front(); }
-    int64_t cols() const { return shape.empty() ? 0 : shape.back(); }
-    // Element i of a 1-D tensor (norm gains, biases), widened to f32.
-    float at(int64_t i) const {
-        uint16_t half;
-        switch (dtype) {
-            case DType::F32: {
-                float value;
-                std::memcpy(&value, data + i * 4, 4);
-                return value;
-            }
-            case DType::BF16: std::memcpy(&half, data + i * 2, 2); return bf16_to_f32(half);
-            case DType::F16: std::memcpy(&half, data + i * 2, 2); return f16_to_f32(half);
-        }
-        return 0;
-    }
-    // Row r of a 2-D tensor widened into `out` (embedding lookup).
-    void read_row(int64_t r, float* out) const {
-        int64_t width = cols();
-        for (int64_t i = 0; i < width; ++i) out[i] = at(r * width + i);
-    }
-};
-
-inline std::string shape_string(const std::vector<int64_t>& shape) {
-    std::string text = "[";
-    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-    return text + "]";
-}
-
-// How RoPE pairs the dimensions of a head. Hugging Face checkpoints rotate dimension i with i + Dh/2 ("rotate half",
-// GPT-NeoX style). Meta's original checkpoints, llama2.c and GGUF "llama" files rotate adjacent pairs (2i, 2i+1): the
-// converter permutes the q/k rows. Both give the same attention scores, so we follow the file instead of permuting.
-enum class RopeStyle { HalfRotation, AdjacentPairs };
-
-struct RopeScaling {
-    enum class Kind { None, Linear, Llama3 } kind = Kind::None;
-    double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_context = 8192;
-};
-
-struct ModelConfig {
-    std::string architecture;  // llama, mistral, qwen2, qwen3
-    int dim = 0;               // D
-    int n_layers = 0;          // L
-    int n_heads = 0;           // H
-    int n_kv_heads = 0;        // Hkv (GQA: H is a multiple of Hkv; MQA: Hkv = 1)
-    int head_dim = 0;          // Dh (qwen3: H × Dh may differ from D)
-    int ffn_dim = 0;           // F
-    int vocab_size = 0;        // V
-    int context_length = 0;    // the largest position the model was built for
-    double rope_theta = 10000;
-    double norm_eps = 1e-5;
-    int sliding_window = 0;  // 0: attend to the whole prefix
-    RopeStyle rope_style = RopeStyle::HalfRotation;
-    RopeScaling rope_scaling;
-    bool qkv_bias = false;  // qwen2
-    bool qk_norm = false;   // qwen3: RMSNorm over each head of q and k before RoPE
-    bool tied_embeddings = false;
-    int bos_id = -1;
-    std::vector<int> eos_ids;
-};
-
-struct LayerWeights {
-    Tensor attn_norm;         // [D]
-    Tensor wq, wk, wv, wo;    // [H·Dh, D], [Hkv·Dh, D], [Hkv·Dh, D], [D, H·Dh]
-    Tensor bq, bk, bv;        // [H·Dh], [Hkv·Dh], [Hkv·Dh] (qwen2), else empty
-    Tensor q_norm, k_norm;    // [Dh] (qwen3), else empty
-    Tensor ffn_norm;          // [D]
-    Tensor w_gate, w_up;      // [F, D]
-    Tensor w_down;            // [D, F]
-
-    // Every tensor of the layer (the optional ones may be empty), for footprint arithmetic.
-    std::array<const Tensor*, 14> tensors() const {
-        return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
-    }
-};
-
-// The vocabulary as llama2.c and GGUF files carry it: SentencePiece pieces with merge scores ("llama"), or byte-level
-// BPE tokens with ranked merges ("gpt2"). The tokenizer section turns it into a Tokenizer; a Hugging Face folder keeps
-// its tokenizer in tokenizer.json instead, which the tokenizer section reads itself.
-struct Vocabulary {
-    enum class Type : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
-    std::string model = "llama";      // GGUF tokenizer.ggml.model: "llama" (scores) or "gpt2" (ranked merges)
-    std::vector<std::string> pieces;  // "▁the", "<0x0A>", "<s>" … ("Ġthe" in gpt2 vocabularies)
-    std::vector<float> scores;        // llama: higher merges first
-    std::vector<std::string> merges;  // gpt2: "left right", the first merges first
-    std::string pre;                  // gpt2: tokenizer.ggml.pre, which names the split regex ("llama-bpe", "qwen2")
-    std::vector<Type> types;
-    int unk_id = 0;
-    bool add_bos = true;
-    bool add_eos = false;
-    bool add_space_prefix = true;  // SentencePiece's add_dummy_prefix: " " + text
-    std::string chat_template;     // GGUF tokenizer.chat_template, "" when none
-    bool empty() const { return pieces.empty(); }
-};
-
-struct Model {
-    ModelConfig config;
-    Tensor embedding;   // [V, D]
-    Tensor final_norm;  // [D]
-    Tensor lm_head;     // [V, D]; the embedding itself when tied
-    std::vector<LayerWeights> layers;
-    std::vector<float> rope_freq_divisors;  // [Dh/2] GGUF rope_freqs (llama3 scaling precomputed), else empty
-    Vocabulary vocab;                       // empty for a Hugging Face folder (its tokenizer.json: load_tokenizer)
-    std::string source;                     // the path it came from, for messages
-    std::string format;                     // "safetensors", "gguf", "llama2.c", "built-in"
-
-    std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive
-    std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
-
-    // Tensors point into `files` or `owned`: a copy would point into the original's buffers, so a Model only moves.
-    Model() = default;
-    Model(Model&&) = default;
-    Model& operator=(Model&&) = default;
-    Model(const Model&) = delete;
-    Model& operator=(const Model&) = delete;
-
-    // Bytes of weights one decode step reads: every matrix once (the embedding only one row, unless it is the head).
-    size_t weight_bytes_per_token() const {
-        size_t total = final_norm.bytes() + lm_head.bytes() + static_cast<size_t>(embedding.cols()) * dtype_size(embedding.dtype);
-        for (const auto& layer : layers)
-            for (const Tensor* t : layer.tensors())
-                if (!t->empty()) total += t->bytes();
-        return total;
-    }
-    int64_t parameter_count() const {
-        int64_t total = embedding.elements() + final_norm.elements() + (config.tied_embeddings ? 0 : lm_head.elements());
-        for (const auto& layer : layers)
-            for (const Tensor* t : layer.tensors())
-                if (!t->empty()) total += t->elements();
-        return total;
-    }
-};
-
-namespace detail {
-
-// Every tensor a Model needs, checked for presence and shape, so the forward pass can trust them.
-inline void check_shape(const Tensor& tensor, const std::vector<int64_t>& expected, const std::string& source) {
-    if (tensor.shape != expected)
-        fail(source, ": tensor ", tensor.name, " has shape ", shape_string(tensor.shape), ", expected ",
-             shape_string(expected));
-}
-
-inline void validate_config(const ModelConfig& c, const std::string& source) {
-    auto positive = [&](int value, const char* field) {
-        if (value <= 0) fail(source, ": ", field, " must be positive, found ", value);
-    };
-    positive(c.dim, "hidden size");
-    positive(c.n_layers, "number of layers");
-    positive(c.n_heads, "number of attention heads");
-    positive(c.n_kv_heads, "number of key-value heads");
-    positive(c.head_dim, "head dimension");
-    positive(c.ffn_dim, "intermediate (ffn) size");
-    positive(c.vocab_size, "vocabulary size");
-    positive(c.context_length, "context length");
-    if (c.n_heads % c.n_kv_heads != 0)
-        fail(source, ": ", c.n_heads, " attention heads are not a multiple of ", c.n_kv_heads, " key-value heads");
-    if (c.head_dim % 2 != 0) fail(source, ": head dimension ", c.head_dim, " is odd; RoPE needs pairs");
-    if (!(c.norm_eps > 0)) fail(source, ": rms_norm_eps must be positive, found ", c.norm_eps);
-    if (!(c.rope_theta > 0)) fail(source, ": rope_theta must be positive, found ", c.rope_theta);
-}
-
-inline void validate_model(const Model& m) {
-    const ModelConfig& c = m.config;
-    validate_config(c, m.source);
-    const int64_t D = c.dim, F = c.ffn_dim, V = c.vocab_size, Dh = c.head_dim;
-    const int64_t q_width = int64_t{c.n_heads} * Dh, kv_width = int64_t{c.n_kv_heads} * Dh;
-    check_shape(m.embedding, {V, D}, m.source);
-    check_shape(m.lm_head, {V, D}, m.source);
-    check_shape(m.final_norm, {D}, m.source);
-    if (static_cast<int>(m.layers.size()) != c.n_layers) fail(m.source, ": expected ", c.n_layers, " layers");
-    for (const auto& layer : m.layers) {
-        check_shape(layer.attn_norm, {D}, m.source);
-        check_shape(layer.wq, {q_width, D}, m.source);
-        check_shape(layer.wk, {kv_width, D}, m.source);
-        check_shape(layer.wv, {kv_width, D}, m.source);
-        check_shape(layer.wo, {D, q_width}, m.source);
-        if (c.qkv_bias) {
-            check_shape(layer.bq, {q_width}, m.source);
-            check_shape(layer.bk, {kv_width}, m.source);
-            check_shape(layer.bv, {kv_width}, m.source);
-        }
-        if (c.qk_norm) {
-            check_shape(layer.q_norm, {Dh}, m.source);
-            check_shape(layer.k_norm, {Dh}, m.source);
-        }
-        check_shape(layer.ffn_norm, {D}, m.source);
-        check_shape(layer.w_gate, {F, D}, m.source);
-        check_shape(layer.w_up, {F, D}, m.source);
-        check_shape(layer.w_down, {D, F}, m.source);
-    }
-    if (!m.rope_freq_divisors.empty() && static_cast<int64_t>(m.rope_freq_divisors.size()) != Dh / 2)
-        fail(m.source, ": rope_freqs has ", m.rope_freq_divisors.size(), " entries, expected ", Dh / 2);
-    if (!m.vocab.empty() && static_cast<int>(m.vocab.pieces.size()) != c.vocab_size)
-        fail(m.source, ": the vocabulary has ", m.vocab.pieces.size(), " tokens but the model's embedding has ",
-             c.vocab_size, " rows");
-}
-
-// Reads fields of config.json with messages that name the file and the field.
-class ConfigReader {
-    template <class Get>
-    auto checked(std::string_view key, Get get) const -> decltype(get()) {
-        try {
-            return get();
-        } catch (const Error& e) {
-            fail(file_, ": field \"", key, "\": ", e.what());
-        }
-    }
-
-public:
-    ConfigReader(const Json& json, std::string file) : json_(json), file_(std::move(file)) {}
-
-    const Json* find(std::string_view key) const {
-        const Json* value = json_.find(key);
-        return value && !value->is_null() ? value : nullptr;
-    }
-    int64_t integer(std::string_view key) const {
-        const Json* value = find(key);
-        if (!value) fail(file_, ": missing field \"", key, "\"");
-        return checked(key, [&] { return value->as_int(); });
-    }
-    int64_t integer_or(std::string_view key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
-    double number_or(std::string_view key, double fallback) const {
-        const Json* value = find(key);
-        return value ? checked(key, [&] { return value->as_number(); }) : fallback;
-    }
-    bool boolean_or(std::string_view key, bool fallback) const {
-        const Json* value = find(key);
-        return value ? checked(key, [&] { return value->as_bool(); }) : fallback;
-    }
-    std::string string(std::string_view key) const {
-        const Json* value = find(key);
-        if (!value) fail(file_, ": missing field \"", key, "\"");
-        return checked(key, [&] { return value->as_string(); });
-    }
-    const std::string& file() const { return file_; }
-
-private:
-    const Json& json_;
-    std::string file_;
-};
-
-inline ModelConfig config_from_hugging_face(const Json& json, const std::string& file) {
-    ConfigReader read(json, file);
-    ModelConfig c;
-    c.architecture = read.string("model_type");
-    static const std::vector<std::string> supported = {"llama", "mistral", "qwen2", "qwen3"};
-    if (std::find(supported.begin(), supported.end(), c.architecture) == supported.end())
-        fail(file, ": unsupported model_type \"", c.architecture, "\" (supported: llama, mistral, qwen2, qwen3)");
-    if (const Json* act = read.find("hidden_act"); act && act->is_string() && act->as_string() != "silu")
-        fail(file, ": unsupported hidden_act \"", act->as_string(), "\" (only silu)");
-    c.dim = static_cast<int>(read.integer("hidden_size"));
-    c.n_layers = static_cast<int>(read.integer("num_hidden_layers"));
-    c.n_heads = static_cast<int>(read.integer("num_attention_heads"));
-    c.n_kv_heads = static_cast<int>(read.integer_or("num_key_value_heads", c.n_heads));
-    c.ffn_dim = static_cast<int>(read.integer("intermediate_size"));
-    c.vocab_size = static_cast<int>(read.integer("vocab_size"));
-    c.context_length = static_cast<int>(read.integer_or("max_position_embeddings", 2048));
-    if (c.n_heads <= 0) fail(file, ": num_attention_heads must be positive, found ", c.n_heads);
-    c.head_dim = static_cast<int>(read.integer_or("head_dim", c.dim / c.n_heads));
-    c.rope_theta = read.number_or("rope_theta", 10000.0);
-    c.norm_eps = read.number_or("rms_norm_eps", 1e-6);
-    c.tied_embeddings = read.boolean_or("tie_word_embeddings", false);
-    c.rope_style = RopeStyle::HalfRotation;
-    c.qkv_bias = c.architecture == "qwen2" || read.boolean_or("attention_bias", false);
-    c.qk_norm = c.architecture == "qwen3";
-    if (read.boolean_or("mlp_bias", false)) fail(file, ": mlp_bias true is not supported");
-    // Mistral applies its window always; Qwen2 only with use_sliding_window (its configs set the size regardless).
-    if (c.architecture == "mistral" || read.boolean_or("use_sliding_window", false))
-        c.sliding_window = static_cast<int>(read.integer_or("sliding_window", 0));
-
-    if (const Json* scaling = read.find("rope_scaling")) {
-        ConfigReader rope(*scaling, file + " rope_scaling");
-        std::string type = rope.find("rope_type") ? rope.string("rope_type") : rope.string("type");
-        if (type == "llama3") {
-            c.rope_scaling.kind = RopeScaling::Kind::Llama3;
-            c.rope_scaling.factor = rope.number_or("factor", 8);
-            c.rope_scaling.low_freq_factor = rope.number_or("low_freq_factor", 1);
-            c.rope_scaling.high_freq_factor = rope.number_or("high_freq_factor", 4);
-            c.rope_scaling.original_context = rope.number_or("original_max_position_embeddings", 8192);
-        } else if (type == "linear") {
-            c.rope_scaling.kind = RopeScaling::Kind::Linear;
-            c.rope_scaling.factor = rope.number_or("factor", 1);
-        } else if (type != "default") {
-            fail(file, ": unsupported rope_scaling type \"", type, "\" (supported: llama3, linear)");
-        }
-        if (!(c.rope_scaling.factor > 0)) fail(file, ": rope_scaling factor must be positive");
-    }
-    if (const Json* bos = read.find("bos_token_id"); bos && bos->is_number()) c.bos_id = static_cast<int>(bos->as_int());
-    if (const Json* eos = read.find("eos_token_id")) {
-        if (eos->is_number()) c.eos_ids.push_back(static_cast<int>(eos->as_int()));
-        else if (eos->is_array())
-            for (const Json& id : eos->as_array()) c.eos_ids.push_back(static_cast<int>(id.as_int()));
-    }
-    return c;
-}
-
-}  // namespace detail
-
-// ---- safetensors -----------------------------------------------------------------------------------------------------
-// Layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}}, then
-// the raw tensor bytes. data_offsets count from the end of the header. Everything is checked against the file size.
-
-namespace detail {
-
-inline uint64_t read_u64_le(const std::byte* p) {
-    uint64_t value = 0;
-    for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(p[i]);
-    return value;
-}
-
-inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile& file) {
-    const std::string& path = file.path();
-    if (file.size() < 8) fail(path, ": truncated safetensors file (", file.size(), " bytes, no header length)");
-    uint64_t header_length = read_u64_le(file.data());
-    if (header_length > file.size() - 8)
-        fail(path, ": safetensors header length ", header_length, " runs past the end of the file (", file.size(),
-             " bytes)");
-    std::string_view header_text(reinterpret_cast<const char*>(file.data() + 8), header_length);
-    Json header = Json::parse(header_text, path + " (safetensors header)");
-    if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
-    const std::byte* body = file.data() + 8 + header_length;
-    const uint64_t body_size = file.size() - 8 - header_length;
-
-    std::unordered_map<std::string, Tensor> tensors;
-    for (const auto& [name, info] : header.as_object()) {
-        if (name == "__metadata__") continue;
-        try {
-            Tensor tensor;
-            tensor.name = name;
-            const std::string& dtype = info.at("dtype").as_string();
-            if (dtype == "F32") tensor.dtype = DType::F32;
-            else if (dtype == "BF16") tensor.dtype = DType::BF16;
-            else if (dtype == "F16") tensor.dtype = DType::F16;
-            else fail("unsupported dtype ", dtype, " (supported: F32, BF16, F16)");
-            for (const Json& dim : info.at("shape").as_array()) {
-                if (dim.as_int() < 0) fail("negative dimension in shape");
-                tensor.shape.push_back(dim.as_int());
-            }
-            const auto& offsets = info.at("data_offsets").as_array();
-            if (offsets.size() != 2) fail("data_offsets must have two entries");
-            int64_t begin = offsets[0].as_int(), end = offsets[1].as_int();
-            if (begin < 0 || end < begin || static_cast<uint64_t>(end) > body_size)
-                fail("data_offsets [", begin, ", ", end, "] run past the end of the file (data section is ", body_size,
-                     " bytes; the file may be truncated)");
-            if (static_cast<uint64_t>(end - begin) != tensor.bytes())
-                fail("data_offsets cover ", end - begin, " bytes but shape ", shape_string(tensor.shape), " in ", dtype,
-                     " needs ", tensor.bytes());
-            tensor.data = body + begin;
-            tensors.emplace(name, std::move(tensor));
-        } catch (const Error& e) {
-            std::string message = e.what();
-            if (message.rfind(path, 0) == 0) throw;
-            fail(path, ": tensor ", name, ": ", message);
-        }
-    }
-    return tensors;
-}
-
-}  // namespace detail
-
-namespace detail {
-
-// What each format calls the tensors of a Llama-family model. Layer names are "<prefix><i>.<name>".
-struct TensorNames {
-    const char *embedding, *final_norm, *lm_head, *layer_prefix;
-    const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm, *w_gate, *w_up, *w_down;
-};
-
-inline constexpr TensorNames hugging_face_names{
-    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-    "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-    "mlp.up_proj.weight", "mlp.down_proj.weight"};
-
-inline constexpr TensorNames gguf_names{
-    "token_embd.weight", "output_norm.weight", "output.weight", "blk.",
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q.bias",
-    "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
-    "ffn_up.weight", "ffn_down.weight"};
-
-// Points a Model's weights at the tensors of a file, by the format's names. The classifier is the embedding when the
-// config says tied and the file has no separate one (some tied checkpoints still ship it: then the file decides, so
-// the parameter count stays honest). Shapes are checked afterwards, by validate_model.
-inline void attach_tensors(Model& model, const std::unordered_map<std::string, Tensor>& tensors, const TensorNames& names) {
-    auto take = [&](const std::string& name) -> Tensor {
-        auto found = tensors.find(name);
-        if (found == tensors.end()) fail(model.source, ": missing tensor ", name);
-        return found->second;
-    };
-    ModelConfig& c = model.config;
-    model.embedding = take(names.embedding);
-    model.final_norm = take(names.final_norm);
-    c.tied_embeddings = c.tied_embeddings && !tensors.count(names.lm_head);
-    model.lm_head = c.tied_embeddings ? model.embedding : take(names.lm_head);
-    for (int i = 0; i < c.n_layers; ++i) {
-        const std::string p = names.layer_prefix + std::to_string(i) + ".";
-        LayerWeights layer;
-        layer.attn_norm = take(p + names.attn_norm);
-        layer.wq = take(p + names.wq);
-        layer.wk = take(p + names.wk);
-        layer.wv = take(p + names.wv);
-        layer.wo = take(p + names.wo);
-        if (c.qkv_bias) {
-            layer.bq = take(p + names.bq);
-            layer.bk = take(p + names.bk);
-            layer.bv = take(p + names.bv);
-        }
-        if (c.qk_norm) {
-            layer.q_norm = take(p + names.q_norm);
-            layer.k_norm = take(p + names.k_norm);
-        }
-        layer.ffn_norm = take(p + names.ffn_norm);
-        layer.w_gate = take(p + names.w_gate);
-        layer.w_up = take(p + names.w_up);
-        layer.w_down = take(p + names.w_down);
-        model.layers.push_back(std::move(layer));
-    }
-}
-
-}  // namespace detail
-
-// One tensor to write with save_safetensors.
-struct TensorData {
-    std::string name;
-    DType dtype = DType::F32;
-    std::vector<int64_t> shape;
-    std::vector<std::byte> bytes;
-};
-
-inline void save_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors) {
-    std::ostringstream header;
-    header << "{\"__metadata__\":{\"format\":\"pt\"}";
-    uint64_t offset = 0;
-    for (const TensorData& t : tensors) {
-        header << ',';
-        detail::write_json_string(header, t.name);
-        header << ":{\"dtype\":\"" << dtype_name(t.dtype) << "\",\"shape\":" << shape_string(t.shape)
-               << ",\"data_offsets\":[" << offset << ',' << offset + t.bytes.size() << "]}";
-        offset += t.bytes.size();
-    }
-    header << '}';
-    std::string text = header.str();
-    while ((text.size() + 8) % 8 != 0) text += ' ';  // the format pads the header so the data starts aligned
-    std::ofstream out(path, std::ios::binary);
-    if (!out) fail(path.string(), ": cannot create");
-    uint64_t length = text.size();
-    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xFF));
-    out << text;
-    for (const TensorData& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-    if (!out) fail(path.string(), ": write failed");
-}
-
-// A Hugging Face folder: config.json, and model.safetensors or shards listed in model.safetensors.index.json.
-inline Model load_hugging_face(const std::filesystem::path& folder) {
-    Model model;
-    model.source = folder.string();
-    model.format = "safetensors";
-    auto config_path = folder / "config.json";
-    Json config_json = Json::parse(read_text_file(config_path), config_path.string());
-    if (!config_json.is_object()) fail(config_path.string(), ": not a JSON object");
-    model.config = detail::config_from_hugging_face(config_json, config_path.string());
-    // generation_config.json often lists more end ids than config.json (Llama 3 Instruct: <|eot_id|> as well).
-    if (auto generation_path = folder / "generation_config.json"; std::filesystem::exists(generation_path)) {
-        Json generation = Json::parse(read_text_file(generation_path), generation_path.string());
-        if (const Json* eos = generation.find("eos_token_id")) {
-            std::vector<const Json*> ids;
-            if (eos->is_number()) ids.push_back(eos);
-            if (eos->is_array())
-                for (const Json& id : eos->as_array()) ids.push_back(&id);
-            for (const Json* id : ids) {
-                if (!id->is_number()) fail(generation_path.string(), ": eos_token_id holds a value that is not a token id");
-                int value = static_cast<int>(id->as_int());
-                if (std::find(model.config.eos_ids.begin(), model.config.eos_ids.end(), value) == model.config.eos_ids.end())
-                    model.config.eos_ids.push_back(value);
-            }
-        }
-    }
-
-    std::unordered_map<std::string, Tensor> tensors;
-    std::unordered_map<std::string, std::string> tensor_file;  // for messages
-    auto add_file = [&](const std::filesystem::path& path) {
-        auto file = std::make_shared<MappedFile>(path);
-        for (auto& [name, tensor] : detail::read_safetensors(*file)) {
-            tensor_file[name] = path.string();
-            tensors[name] = std::move(tensor);
-        }
-        model.files.push_back(std::move(file));
-    };
-    auto index_path = folder / "model.safetensors.index.json";
-    if (std::filesystem::exists(folder / "model.safetensors")) {
-        add_file(folder / "model.safetensors");
-    } else if (std::filesystem::exists(index_path)) {
-        Json index = Json::parse(read_text_file(index_path), index_path.string());
-        std::vector<std::string> shards;
-        const Json* map = index.find("weight_map");
-        if (!map || !map->is_object()) fail(index_path.string(), ": missing object field \"weight_map\"");
-        for (const auto& [name, shard] : map->as_object()) {
-            if (!shard.is_string()) fail(index_path.string(), ": weight_map entry ", name, " is not a file name");
-            if (std::find(shards.begin(), shards.end(), shard.as_string()) == shards.end()) shards.push_back(shard.as_string());
-        }
-        for (const auto& shard : shards) add_file(folder / shard);
-    } else {
-        fail(folder.string(), ": no model.safetensors or model.safetensors.index.json");
-    }
-
-    detail::attach_tensors(model, tensors, detail::hugging_face_names);
-    detail::validate_model(model);
-    return model;
-}
-
-// ---- GGUF ------------------------------------------------------------------------------------------------------------
-// Layout: "GGUF", u32 version, u64 tensor count, u64 metadata count, metadata (key, type, value)*, tensor infos
-// (name, n_dims, dims innermost first, type, offset)*, padding to general.alignment, tensor data. Strings are u64
-// length + bytes. Every read is bounds-checked: a truncated or hostile file gets an error, never a wild read.
-
-namespace detail {
-
-class ByteReader {
-public:
-    explicit ByteReader(const MappedFile& file) : file_(file) {}
-
-    template <class T>
-    T read() {
-        need(sizeof(T), "a value");
-        T value;
-        std::memcpy(&value, file_.data() + pos_, sizeof(T));
-        pos_ += sizeof(T);
-        return value;
-    }
-    std::string read_string() {
-        uint64_t length = read<uint64_t>();
-        need(length, "a string");
-        std::string text(reinterpret_cast<const char*>(file_.data() + pos_), length);
-        pos_ += length;
-        return text;
-    }
-    void need(uint64_t bytes, const char* what) const {
-        if (bytes > file_.size() - pos_)
-            fail(file_.path(), ": truncated GGUF: ", what, " of ", bytes, " bytes at offset ", pos_, " runs past the end (",
-                 file_.size(), " bytes)");
-    }
-    size_t position() const { return pos_; }
-    void seek(size_t pos) { pos_ = pos; }
-
-private:
-    const MappedFile& file_;
-    size_t pos_ = 0;
-};
-
-// GGUF metadata values as one small variant: numbers as double/int64, strings, and arrays of either.
-struct GgufValue {
-    std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>, std::vector<std::string>> value;
-};
 
 enum GgufType : uint32_t { U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 };
 
@@ -1289,339 +3972,130 @@ inline const char* gguf_tensor_type_name(uint32_t type) {
 
 }  // namespace detail
 
-struct GgufFile {
-    std::shared_ptr<MappedFile> file;
-    uint32_t version = 0;
-    std::map<std::string, detail::GgufValue> metadata;
-    std::unordered_map<std::string, Tensor> tensors;
+// ==== B NUMBERS AND THREADS ==========================================================================================
+// The f32 → bf16/f16 roundings and f16 → f32 (with subnormals, infinities and NaN), and the thread pool's insides:
+// between sections a worker spins on an atomic counter for a short while (spin_budget) before it sleeps on it (a futex
+// on Linux, tens of microseconds to wake on a VM). An idle pool therefore costs nothing after the budget runs out.
 
-    const detail::GgufValue* find(const std::string& key) const {
-        auto found = metadata.find(key);
-        return found == metadata.end() ? nullptr : &found->second;
-    }
-    int64_t integer(const std::string& key) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) fail(file->path(), ": missing GGUF metadata ", key);
-        if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
-        if (auto* b = std::get_if<bool>(&v->value)) return *b;
-        fail(file->path(), ": GGUF metadata ", key, " is not an integer");
-    }
-    int64_t integer_or(const std::string& key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
-    double number_or(const std::string& key, double fallback) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) return fallback;
-        if (auto* d = std::get_if<double>(&v->value)) return *d;
-        if (auto* i = std::get_if<int64_t>(&v->value)) return static_cast<double>(*i);
-        fail(file->path(), ": GGUF metadata ", key, " is not a number");
-    }
-    std::string string_or(const std::string& key, std::string fallback) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) return fallback;
-        if (auto* s = std::get_if<std::string>(&v->value)) return *s;
-        fail(file->path(), ": GGUF metadata ", key, " is not a string");
-    }
-    template <class T>
-    const std::vector<T>* array(const std::string& key) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) return nullptr;
-        if (auto* items = std::get_if<std::vector<T>>(&v->value)) return items;
-        fail(file->path(), ": GGUF metadata ", key, " is not an array of the expected type");
-    }
-};
+inline uint16_t f32_to_bf16(float value) {
+    uint32_t bits = std::bit_cast<uint32_t>(value);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
+    bits += 0x7FFF + ((bits >> 16) & 1);                                                       // round to nearest even
+    return static_cast<uint16_t>(bits >> 16);
+}
 
-inline GgufFile read_gguf(const std::filesystem::path& path) {
-    GgufFile gguf;
-    gguf.file = std::make_shared<MappedFile>(path);
-    const MappedFile& file = *gguf.file;
-    detail::ByteReader in(file);
-    if (file.size() < 4 || std::memcmp(file.data(), "GGUF", 4) != 0)
-        fail(path.string(), ": not a GGUF file (bad magic; expected \"GGUF\")");
-    in.seek(4);
-    gguf.version = in.read<uint32_t>();
-    if (gguf.version != 2 && gguf.version != 3)
-        fail(path.string(), ": unsupported GGUF version ", gguf.version, " (supported: 2, 3)");
-    uint64_t tensor_count = in.read<uint64_t>();
-    uint64_t metadata_count = in.read<uint64_t>();
-    for (uint64_t i = 0; i < metadata_count; ++i) {
-        std::string key = in.read_string();
-        uint32_t type = in.read<uint32_t>();
-        gguf.metadata[key] = detail::gguf_read_value(in, type, path.string(), key);
+inline float f16_to_f32(uint16_t half) {
+    uint32_t sign = static_cast<uint32_t>(half & 0x8000) << 16;
+    uint32_t exponent = (half >> 10) & 0x1F;
+    uint32_t mantissa = half & 0x3FF;
+    if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
+    if (exponent == 0) {
+        if (mantissa == 0) return std::bit_cast<float>(sign);
+        float subnormal = std::ldexp(static_cast<float>(mantissa), -24);
+        return sign ? -subnormal : subnormal;
     }
-    struct Info {
-        Tensor tensor;
-        uint64_t offset;
-    };
-    std::vector<Info> infos;
-    in.need(tensor_count, "the tensor list");
-    for (uint64_t i = 0; i < tensor_count; ++i) {
-        Info info;
-        info.tensor.name = in.read_string();
-        uint32_t n_dims = in.read<uint32_t>();
-        if (n_dims == 0 || n_dims > 4) fail(path.string(), ": tensor ", info.tensor.name, " has ", n_dims, " dimensions");
-        std::vector<int64_t> dims(n_dims);
-        for (auto& dim : dims) dim = static_cast<int64_t>(in.read<uint64_t>());
-        std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
-        info.tensor.shape = dims;
-        uint32_t type = in.read<uint32_t>();
-        if (type == 0) info.tensor.dtype = DType::F32;
-        else if (type == 1) info.tensor.dtype = DType::F16;
-        else if (type == 30) info.tensor.dtype = DType::BF16;
-        else {
-            const char* name = detail::gguf_tensor_type_name(type);
-            fail(path.string(), ": tensor ", info.tensor.name, " has type ",
-                         name ? name : ("unknown (" + std::to_string(type) + ")"),
-                         ", which is not supported (supported: F32, F16, BF16)");
-        }
-        info.offset = in.read<uint64_t>();
-        infos.push_back(std::move(info));
+    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+inline uint16_t f32_to_f16(float value) {
+    uint32_t bits = std::bit_cast<uint32_t>(value);
+    uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+    float magnitude = std::fabs(value);
+    if (std::isnan(value)) return sign | 0x7E00;
+    if (magnitude >= 65520.0f) return sign | 0x7C00;  // rounds to infinity
+    if (magnitude < 6.103515625e-05f) {                 // subnormal: a multiple of 2^-24
+        return sign | static_cast<uint16_t>(std::nearbyint(magnitude * 16777216.0f));
     }
-    uint64_t alignment = static_cast<uint64_t>(gguf.integer_or("general.alignment", 32));
-    if (alignment == 0) fail(path.string(), ": general.alignment is 0");
-    uint64_t data_start = (in.position() + alignment - 1) / alignment * alignment;
-    for (auto& info : infos) {
-        uint64_t bytes = info.tensor.bytes();
-        if (data_start > file.size() || info.offset > file.size() - data_start || bytes > file.size() - data_start - info.offset)
-            fail(path.string(), ": tensor ", info.tensor.name, " (", bytes, " bytes at data offset ", info.offset,
-                         ") runs past the end of the file (", file.size(), " bytes; truncated?)");
-        info.tensor.data = file.data() + data_start + info.offset;
-        gguf.tensors[info.tensor.name] = std::move(info.tensor);
+    int exponent = 0;
+    float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5, 1)
+    uint32_t mantissa = static_cast<uint32_t>(std::nearbyint((fraction * 2.0f - 1.0f) * 1024.0f));
+    if (mantissa == 1024) {
+        mantissa = 0;
+        ++exponent;
     }
-    return gguf;
+    return sign | static_cast<uint16_t>(((exponent + 14) << 10) | mantissa);
 }
 
 namespace detail {
-
-inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
-    Vocabulary vocab;
-    const std::string path = gguf.file->path();
-    std::string kind = gguf.string_or("tokenizer.ggml.model", "");
-    vocab.model = kind;
-    if (kind != "llama" && kind != "gpt2") return vocab;  // none, or one we cannot read ("bert"): ids still work
-    const auto* tokens = gguf.array<std::string>("tokenizer.ggml.tokens");
-    if (!tokens) fail(path, ": missing GGUF metadata tokenizer.ggml.tokens");
-    vocab.pieces = *tokens;
-    if (const auto* scores = gguf.array<double>("tokenizer.ggml.scores")) {
-        if (scores->size() != tokens->size()) fail(path, ": tokenizer.ggml.scores has ", scores->size(), " entries for ", tokens->size(), " tokens");
-        vocab.scores.assign(scores->begin(), scores->end());
-    } else {
-        vocab.scores.assign(tokens->size(), 0.0f);
-    }
-    vocab.types.assign(tokens->size(), Vocabulary::Type::Normal);
-    if (const auto* types = gguf.array<int64_t>("tokenizer.ggml.token_type")) {
-        if (types->size() != tokens->size()) fail(path, ": tokenizer.ggml.token_type has ", types->size(), " entries for ", tokens->size(), " tokens");
-        for (size_t i = 0; i < types->size(); ++i) vocab.types[i] = static_cast<Vocabulary::Type>((*types)[i]);
-    }
-    vocab.unk_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.unknown_token_id", 0));
-    vocab.add_bos = gguf.integer_or("tokenizer.ggml.add_bos_token", kind == "llama") != 0;
-    vocab.add_eos = gguf.integer_or("tokenizer.ggml.add_eos_token", 0) != 0;
-    vocab.add_space_prefix = gguf.integer_or("tokenizer.ggml.add_space_prefix", 1) != 0;
-    vocab.chat_template = gguf.string_or("tokenizer.chat_template", "");
-    if (kind == "gpt2") {
-        const auto* merges = gguf.array<std::string>("tokenizer.ggml.merges");
-        if (!merges) fail(path, ": missing GGUF metadata tokenizer.ggml.merges (needed by a \"gpt2\" vocabulary)");
-        vocab.merges = *merges;
-        vocab.pre = gguf.string_or("tokenizer.ggml.pre", "default");
-    }
-    return vocab;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
 }
 
+// Calls ready() until it returns true or the budget runs out; returns its last answer. After a few microseconds of
+// pure spinning it yields the core at each round, so that when the machine has more runnable threads than cores (tests
+// in parallel, other programs) the thread we wait for gets to run instead of our spin.
+template <class Ready>
+bool spin_until(Ready ready, std::chrono::microseconds budget) {
+    auto deadline = std::chrono::steady_clock::now() + budget;
+    for (int round = 0;; ++round) {
+        if (ready()) return true;
+        if (round < 256) {
+            cpu_relax();
+            continue;
+        }
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() > deadline) return ready();
+    }
+}
 }  // namespace detail
 
-inline Model load_gguf(const std::filesystem::path& path) {
-    GgufFile gguf = read_gguf(path);
-    Model model;
-    model.source = path.string();
-    model.format = "gguf";
-    model.files.push_back(gguf.file);
-    ModelConfig& c = model.config;
-    c.architecture = gguf.string_or("general.architecture", "");
-    if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3")
-        fail(model.source, ": unsupported general.architecture \"", c.architecture,
-                     "\" (supported: llama, qwen2, qwen3)");
-    const std::string a = c.architecture + ".";
-    c.dim = static_cast<int>(gguf.integer(a + "embedding_length"));
-    c.n_layers = static_cast<int>(gguf.integer(a + "block_count"));
-    c.ffn_dim = static_cast<int>(gguf.integer(a + "feed_forward_length"));
-    c.n_heads = static_cast<int>(gguf.integer(a + "attention.head_count"));
-    c.n_kv_heads = static_cast<int>(gguf.integer_or(a + "attention.head_count_kv", c.n_heads));
-    if (c.n_heads <= 0) fail(model.source, ": ", a, "attention.head_count must be positive");
-    c.head_dim = static_cast<int>(gguf.integer_or(a + "attention.key_length", c.dim / c.n_heads));
-    c.context_length = static_cast<int>(gguf.integer_or(a + "context_length", 2048));
-    c.rope_theta = gguf.number_or(a + "rope.freq_base", 10000.0);
-    c.norm_eps = gguf.number_or(a + "attention.layer_norm_rms_epsilon", 1e-5);
-    c.rope_style = c.architecture == "llama" ? RopeStyle::AdjacentPairs : RopeStyle::HalfRotation;
-    c.qkv_bias = c.architecture == "qwen2";
-    c.qk_norm = c.architecture == "qwen3";
-    std::string scaling = gguf.string_or(a + "rope.scaling.type", "none");
-    if (scaling == "linear") {
-        c.rope_scaling.kind = RopeScaling::Kind::Linear;
-        c.rope_scaling.factor = gguf.number_or(a + "rope.scaling.factor", 1);
-    } else if (scaling != "none" && scaling != "yarn") {
-        fail(model.source, ": unsupported ", a, "rope.scaling.type \"", scaling, "\"");
-    } else if (scaling == "yarn") {
-        fail(model.source, ": unsupported ", a, "rope.scaling.type \"yarn\"");
-    }
-    c.bos_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.bos_token_id", -1));
-    if (gguf.find("tokenizer.ggml.eos_token_id")) c.eos_ids.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
-    if (gguf.find("tokenizer.ggml.eot_token_id")) {
-        int eot = static_cast<int>(gguf.integer("tokenizer.ggml.eot_token_id"));
-        if (std::find(c.eos_ids.begin(), c.eos_ids.end(), eot) == c.eos_ids.end()) c.eos_ids.push_back(eot);
-    }
-
-    // GGUF has no tie flag: a file without output.weight reads its classifier from the embedding.
-    c.tied_embeddings = true;
-    detail::attach_tensors(model, gguf.tensors, detail::gguf_names);
-    c.vocab_size = static_cast<int>(model.embedding.rows());
-    // Llama 3's frequency scaling is baked into the file as per-frequency divisors.
-    if (auto found = gguf.tensors.find("rope_freqs.weight"); found != gguf.tensors.end()) {
-        const Tensor& freqs = found->second;
-        for (int64_t i = 0; i < freqs.elements(); ++i) model.rope_freq_divisors.push_back(freqs.at(i));
-    }
-    model.vocab = detail::vocabulary_from_gguf(gguf);
-    detail::validate_model(model);
-    return model;
+inline ThreadPool::ThreadPool(int threads) {
+    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    size_ = threads;
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
-// ---- llama2.c --------------------------------------------------------------------------------------------------------
-// Karpathy's legacy format: 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative
-// vocab_size means a separate classifier), then float32 arrays with all layers of one kind stored together. Its q/k
-// rows use adjacent-pair RoPE. The vocabulary lives in a separate tokenizer.bin.
+inline ThreadPool::~ThreadPool() {
+    stopping_ = true;
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& worker : workers_) worker.join();
+}
 
-// vocab_size < 0 reads entries until the end of the file (the file itself does not say how many it holds).
-inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size) {
-    MappedFile file(path);
-    detail::ByteReader in(file);  // the same bounds-checked little-endian reads
-    Vocabulary vocab;
-    in.read<uint32_t>();           // max_token_length: not needed
-    for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
-        float score = in.read<float>();
-        int32_t length = in.read<int32_t>();
-        if (length < 0) fail(path.string(), ": token ", id, " has negative length ", length);
-        in.need(static_cast<uint64_t>(length), "a token");
-        std::string piece(reinterpret_cast<const char*>(file.data() + in.position()), static_cast<size_t>(length));
-        in.seek(in.position() + static_cast<size_t>(length));
-        // The file stores "▁" as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n": restore SentencePiece's spelling.
-        auto type = Vocabulary::Type::Normal;
-        if (id == 0) type = Vocabulary::Type::Unknown;
-        else if (id == 1 || id == 2) {
-            type = Vocabulary::Type::Control;
-            piece.erase(std::remove(piece.begin(), piece.end(), '\n'), piece.end());
-        } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
-            type = Vocabulary::Type::Byte;
-        } else {
-            std::string restored;
-            for (char ch : piece) restored += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
-            piece = restored;
+// Publishes the job, bumps the generation the workers watch, runs share 0 here, then waits for the others: spinning
+// for the spin budget, sleeping on the counter after that.
+inline void ThreadPool::run_job(Job job, void* context, size_t count) {
+    job_ = job;
+    context_ = context;
+    count_ = count;
+    pending_.store(size_ - 1);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    run_share(0);
+    while (!detail::spin_until([&] { return pending_.load() == 0; }, spin_budget)) {
+        int left = pending_.load();
+        if (left != 0) pending_.wait(left);
+    }
+}
+
+inline void ThreadPool::run_share(int thread) {
+    size_t begin = count_ * thread / size_;
+    size_t end = count_ * (thread + 1) / size_;
+    if (begin < end) job_(context_, begin, end, thread);
+}
+
+inline void ThreadPool::worker_loop(int thread) {
+    uint64_t seen = 0;
+    while (true) {
+        if (!detail::spin_until([&] { return generation_.load() != seen; }, spin_budget)) {
+            generation_.wait(seen);
+            continue;
         }
-        vocab.pieces.push_back(piece);
-        vocab.scores.push_back(score);
-        vocab.types.push_back(type);
+        seen = generation_.load();
+        if (stopping_) return;
+        run_share(thread);
+        if (pending_.fetch_sub(1) == 1) pending_.notify_one();
     }
-    return vocab;
 }
 
-inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path) {
-    Model model;
-    model.source = path.string();
-    model.format = "llama2.c";
-    auto file = std::make_shared<MappedFile>(path);
-    model.files.push_back(file);
-    if (file->size() < 28) fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
-    int32_t header[7];
-    std::memcpy(header, file->data(), sizeof header);
-    ModelConfig& c = model.config;
-    c.architecture = "llama";
-    c.dim = header[0];
-    c.ffn_dim = header[1];
-    c.n_layers = header[2];
-    c.n_heads = header[3];
-    c.n_kv_heads = header[4];
-    c.vocab_size = std::abs(header[5]);
-    c.context_length = header[6];
-    c.tied_embeddings = header[5] > 0;
-    if (c.n_heads <= 0 || c.dim <= 0) fail(model.source, ": bad llama2.c header (dim ", c.dim, ", heads ", c.n_heads, ")");
-    c.head_dim = c.dim / c.n_heads;
-    c.rope_style = RopeStyle::AdjacentPairs;
-    c.rope_theta = 10000;
-    c.norm_eps = 1e-5;
-    c.bos_id = 1;
-    c.eos_ids = {2, 1};  // run.c ends a story when the model starts the next one with BOS
-    detail::validate_config(c, model.source);
-
-    const int64_t D = c.dim, F = c.ffn_dim, L = c.n_layers, V = c.vocab_size, S = c.context_length;
-    const int64_t q_width = int64_t{c.n_heads} * c.head_dim, kv_width = int64_t{c.n_kv_heads} * c.head_dim;
-    const int64_t floats = V * D + L * D + L * D * q_width + 2 * L * D * kv_width + L * q_width * D + L * D +
-                           3 * L * F * D + D + S * c.head_dim + (c.tied_embeddings ? 0 : V * D);
-    const uint64_t expected = 28 + static_cast<uint64_t>(floats) * 4;
-    if (file->size() != expected)
-        fail(model.source, ": llama2.c file is ", file->size(), " bytes but its header (dim ", D, ", hidden ", F,
-                     ", layers ", L, ", heads ", c.n_heads, ", kv heads ", c.n_kv_heads, ", vocab ", V, ", seq_len ", S,
-                     ") needs ", expected);
-
-    const std::byte* cursor = file->data() + 28;
-    auto next = [&](const char* name, std::vector<int64_t> shape) {
-        Tensor t{name, DType::F32, std::move(shape), cursor};
-        cursor += t.bytes();
-        return t;
-    };
-    // Per-layer views into one array per kind: layer i starts i × (size of one layer's tensor) further.
-    auto per_layer = [&](const char* name, std::vector<int64_t> shape, auto member) {
-        Tensor all = next(name, {L * std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>())});
-        model.layers.resize(static_cast<size_t>(L));
-        for (int64_t i = 0; i < L; ++i) {
-            Tensor& t = model.layers[static_cast<size_t>(i)].*member;
-            t = Tensor{std::string(name) + "[" + std::to_string(i) + "]", DType::F32, shape, all.data + i * (all.bytes() / L)};
-        }
-    };
-    model.embedding = next("token_embedding_table", {V, D});
-    per_layer("rms_att_weight", {D}, &LayerWeights::attn_norm);
-    per_layer("wq", {q_width, D}, &LayerWeights::wq);
-    per_layer("wk", {kv_width, D}, &LayerWeights::wk);
-    per_layer("wv", {kv_width, D}, &LayerWeights::wv);
-    per_layer("wo", {D, q_width}, &LayerWeights::wo);
-    per_layer("rms_ffn_weight", {D}, &LayerWeights::ffn_norm);
-    per_layer("w1", {F, D}, &LayerWeights::w_gate);
-    per_layer("w2", {D, F}, &LayerWeights::w_down);
-    per_layer("w3", {F, D}, &LayerWeights::w_up);
-    model.final_norm = next("rms_final_weight", {D});
-    next("freq_cis", {S * c.head_dim});  // precomputed RoPE tables: we compute our own
-    model.lm_head = c.tied_embeddings ? model.embedding : next("wcls", {V, D});
-    if (!tokenizer_path.empty()) model.vocab = load_llama2c_tokenizer(tokenizer_path, c.vocab_size);
-    detail::validate_model(model);
-    return model;
-}
-
-// Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
-// (whose tokenizer defaults to tokenizer.bin beside it).
-inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
-    if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
-    Model model;
-    if (std::filesystem::is_directory(path)) {
-        model = load_hugging_face(path);
-    } else {
-        char magic[4] = {};
-        std::ifstream(path, std::ios::binary).read(magic, 4);
-        if (std::memcmp(magic, "GGUF", 4) == 0 || detail::ends_with(path.string(), ".gguf")) {
-            model = load_gguf(path);
-        } else {
-            if (tokenizer_path.empty()) {
-                tokenizer_path = path.parent_path() / "tokenizer.bin";
-                if (!std::filesystem::exists(tokenizer_path)) tokenizer_path.clear();  // ids only, then
-            }
-            model = load_llama2c(path, tokenizer_path);
-        }
-    }
-    return model;
-}
-
-// =====================================================================================================================
-// 3. TOKENIZER — text to token ids and back, for every format the loaders read, behind one Tokenizer. Two families:
-//    SentencePiece score-based BPE (llama2.c tokenizer.bin, GGUF "llama"): merge the adjacent pair whose piece scores
-//    highest; and Hugging Face ranked-merge BPE (tokenizer.json, GGUF "gpt2"): split off added tokens, normalize, cut
-//    the text into pre-tokens (a regex, or SentencePiece's "▁" rule), then merge the pair with the lowest merge rank.
-//    Both keep the symbols in a linked list and the candidate pairs in a priority queue: O(n log n) in a word's length.
-//    Cost: about a microsecond per word (cached words less), negligible next to prefill. Chapter 03 covers it.
-// =====================================================================================================================
+// ==== C UNICODE ======================================================================================================
+// UTF-8 decoding and repair, the Unicode categories the split patterns ask for (\p{L}, \p{N}, \s), and NFC
+// normalization (UAX #15) that Qwen's tokenizer applies. The tables are generated from Python's unicodedata by
+// scripts/make_unicode_tables.py, so the header stays self-contained.
 
 // ---- UTF-8 -----------------------------------------------------------------------------------------------------------
 
@@ -2404,6 +4878,14 @@ inline std::string nfc(std::string_view text) {
     return out;
 }
 
+}  // namespace detail
+
+// ==== D REGEX ========================================================================================================
+// The pre-tokenizers' split patterns, matched by a small backtracking engine over code points; the GPT-2 byte-to-
+// character map.
+
+namespace detail {
+
 // ---- Regex -----------------------------------------------------------------------------------------------------------
 // The pre-tokenizer patterns are written for Oniguruma (Hugging Face) and PCRE: leftmost-first alternation, greedy
 // quantifiers that backtrack, \p{L}-style classes, (?i:...) and (?!...). This is a small backtracking matcher for that
@@ -2784,751 +5266,284 @@ inline const ByteLevelMap& byte_level_map() {
 
 }  // namespace detail
 
-// ---- The pipeline's parts -------------------------------------------------------------------------------------------
-// Hugging Face's tokenizer.json names each stage's component; these are the ones Llama 2/3, Mistral, Qwen2/3, SmolLM,
-// TinyLlama and GPT-2 use. The loader turns each JSON component into one of these steps (a Sequence becomes several).
+// ==== E TOKENIZER COMPONENTS =========================================================================================
+// The parts of Hugging Face's pipeline that section 03 declares: added-token matching, normalizers, pre-tokenizers and
+// decoders; then the builders that read tokenizer.json (+ tokenizer_config.json), a GGUF vocabulary or llama2.c's
+// tokenizer.bin into a Tokenizer's state, refusing by name any component they do not implement.
 
-namespace detail {
-
-struct AddedToken {
-    int id = -1;
-    std::string content;
-    bool special = false;      // a control token (BOS, <|im_start|>): its text stays in a raw decode
-    bool lstrip = false;       // swallow the whitespace before it
-    bool rstrip = false;       // … and after it
-    bool single_word = false;  // match only between non-word characters
-    bool normalized = false;   // matched in the normalized text (else in the raw text, before normalization)
-};
-
-struct NormalizerStep {
-    enum class Kind { Prepend, Replace, Nfc } kind = Kind::Prepend;
-    std::string text;                    // Prepend: the prefix; Replace: the literal pattern
-    std::shared_ptr<const Regex> regex;  // Replace with a regex pattern
-    std::string content;                 // Replace: the replacement
-};
-
-struct PreTokenizerStep {
-    enum class Kind { Metaspace, ByteLevel, Split, Digits } kind = Kind::Metaspace;
-    enum class Prepend { Always, First, Never } prepend = Prepend::Always;  // Metaspace
-    std::string replacement = "\xE2\x96\x81";                              // Metaspace: "▁"
-    bool split = true;                                                     // Metaspace: cut before each "▁"
-    bool add_prefix_space = false;                                         // ByteLevel
-    bool use_regex = true;                                                 // ByteLevel: cut with GPT-2's pattern
-    std::shared_ptr<const Regex> regex;                                    // Split (or ByteLevel's)
-    std::string literal;                                                   // Split with a {"String": ...} pattern
-    bool remove_matches = false;                                           // Split behaviour Removed (else Isolated)
-    bool individual_digits = false;                                        // Digits
-};
-
-struct DecoderStep {
-    enum class Kind { ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip } kind = Kind::Fuse;
-    std::string pattern, content;  // Replace; Strip's content; Metaspace's replacement in `pattern`
-    bool drop_first_marker = true; // Metaspace: the first token's "▁" is the prepended one (prepend scheme not never)
-    int start = 0, stop = 0;       // Strip: how many `content` characters to remove at each end
-};
-
-// One piece of text on its way to the model, and whether it starts the input (Metaspace's "first" prepend scheme).
-struct Piece {
-    std::string text;
-    bool at_start = false;
-};
-
-}  // namespace detail
-
-// ---- Tokenizer -------------------------------------------------------------------------------------------------------
-
-namespace detail {
-struct TokenizerBuilder;  // builds a Tokenizer's state from each format (below)
+inline std::vector<Tokenizer::Segment> Tokenizer::split_added_tokens(std::string_view text, bool normalized) const {
+    const State& s = *state_;
+    const auto& by_first = s.added_by_first_byte[normalized ? 1 : 0];
+    std::vector<Segment> segments;
+    size_t plain_begin = 0;
+    auto is_word = [](char32_t c) { return c == '_' || detail::is_letter(c) || detail::is_number(c); };
+    for (size_t i = 0; i < text.size();) {
+        const auto& candidates = by_first[static_cast<unsigned char>(text[i])];
+        const detail::AddedToken* match = nullptr;
+        for (int index : candidates) {
+            const detail::AddedToken& token = s.added[static_cast<size_t>(index)];
+            if (text.compare(i, token.content.size(), token.content) == 0) {
+                match = &token;
+                break;
+            }
+        }
+        if (!match) {
+            ++i;
+            continue;
+        }
+        size_t start = i, stop = i + match->content.size();
+        if (match->single_word) {
+            bool word_before = start > 0 && is_word(previous_code_point(text, start));
+            bool word_after = stop < text.size() && is_word(detail::code_point_at(text, stop));
+            if (word_before || word_after) {
+                i = stop;
+                continue;
+            }
+        }
+        if (match->lstrip)
+            while (start > plain_begin && detail::is_white_space(previous_code_point(text, start)))
+                start -= previous_length(text, start);
+        if (match->rstrip) {
+            int n = 0;
+            while (stop < text.size() && detail::is_white_space(detail::code_point_at(text, stop, &n))) stop += static_cast<size_t>(n);
+        }
+        if (start > plain_begin) segments.push_back({text.substr(plain_begin, start - plain_begin), -1, plain_begin});
+        segments.push_back({text.substr(start, stop - start), match->id, start});
+        plain_begin = i = stop;
+    }
+    if (plain_begin < text.size()) segments.push_back({text.substr(plain_begin), -1, plain_begin});
+    return segments;
 }
 
-class Tokenizer {
-public:
-    enum class Kind {
-        SentencePieceScores,  // llama2.c tokenizer.bin, GGUF "llama": merge by piece score
-        Bpe                   // tokenizer.json, GGUF "gpt2": merge by rank, with normalizers and pre-tokenizers
-    };
+inline size_t Tokenizer::previous_length(std::string_view text, size_t end) {
+    size_t begin = end - 1;
+    while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+    return end - begin;
+}
 
-    Tokenizer() = default;
+inline char32_t Tokenizer::previous_code_point(std::string_view text, size_t end) {
+    return detail::code_point_at(text, end - previous_length(text, end));
+}
 
-    // Text to ids. add_special_tokens adds what the tokenizer adds by default: BOS for Llama 2, <|begin_of_text|> for
-    // Llama 3 Instruct, nothing for GPT-2 or Qwen (Hugging Face's post-processor; add_bos_token for the other formats).
-    // Special-token text written in `text` ("<s>", "<|im_start|>") always becomes its id, as Hugging Face does.
-    std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const {
-        const State& s = state();
-        if (size_t bad = detail::find_invalid_utf8(text); bad != std::string_view::npos)
-            fail("invalid UTF-8 in the input text at byte offset ", bad);
-        std::vector<int> ids;
-        if (s.kind == Kind::SentencePieceScores) {
-            if (add_special_tokens && s.add_bos && s.bos_id >= 0) ids.push_back(s.bos_id);
-            encode_sentencepiece(text, ids);
-            if (add_special_tokens && s.add_eos && !s.eos_ids.empty()) ids.push_back(s.eos_ids[0]);
-            return ids;
-        }
-        // Added tokens matched in the raw text first; the rest is normalized, then searched for normalized added
-        // tokens, then cut into pre-tokens, each of which the BPE model turns into ids.
-        for (const Segment& raw : split_added_tokens(text, false)) {
-            if (raw.id >= 0) {
-                ids.push_back(raw.id);
-                continue;
-            }
-            std::string normalized = normalize(raw.text);
-            for (const Segment& part : split_added_tokens(normalized, true)) {
-                if (part.id >= 0) {
-                    ids.push_back(part.id);
-                    continue;
-                }
-                for (const detail::Piece& piece : pre_tokenize(std::string(part.text), raw.offset == 0 && part.offset == 0))
-                    encode_word(piece.text, ids);
-            }
-        }
-        if (!add_special_tokens) return ids;
-        if (s.has_template) {
-            std::vector<int> templated;
-            for (const auto& item : s.template_items) {
-                if (item.is_sequence) templated.insert(templated.end(), ids.begin(), ids.end());
-                else templated.insert(templated.end(), item.ids.begin(), item.ids.end());
-            }
-            return templated;
-        }
-        if (!s.has_post_processor) {  // no post-processor: tokenizer_config.json's add_bos_token / add_eos_token
-            if (s.add_bos && s.bos_id >= 0) ids.insert(ids.begin(), s.bos_id);
-            if (s.add_eos && !s.eos_ids.empty()) ids.push_back(s.eos_ids[0]);
-        }
-        return ids;
-    }
-
-    // Ids to text as Hugging Face's raw decode: special tokens kept as their text, no clean-up of spaces. Bytes that
-    // do not form UTF-8 become U+FFFD.
-    std::string decode(std::span<const int> ids) const {
-        const State& s = state();
-        if (s.kind == Kind::SentencePieceScores) {
-            std::string text;
-            int previous = -1;
-            for (int id : ids) {
-                text += sentencepiece_bytes(id, previous);
-                previous = id;
-            }
-            return detail::utf8_lossy(text);
-        }
-        std::vector<std::string> tokens;
-        tokens.reserve(ids.size());
-        for (int id : ids) tokens.push_back(token_text(id));
-        if (s.decoders.empty()) {  // Hugging Face joins undecoded tokens with spaces
-            std::string text;
-            for (size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
-            return detail::utf8_lossy(text);
-        }
-        for (const detail::DecoderStep& step : s.decoders) tokens = apply_decoder(step, std::move(tokens));
-        std::string text;
-        for (const std::string& token : tokens) text += token;
-        return detail::utf8_lossy(text);
-    }
-
-    Kind kind() const { return state().kind; }
-    int vocab_size() const { return static_cast<int>(state().id_to_token.size()); }
-    // The token's text as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>", "<|im_start|>").
-    const std::string& token_text(int id) const {
-        if (id < 0 || id >= vocab_size())
-            fail("token id ", id, " is outside the vocabulary (", vocab_size(), " tokens)");
-        return state().id_to_token[static_cast<size_t>(id)];
-    }
-    int bos_id() const { return state().bos_id; }                     // -1 when there is none
-    const std::vector<int>& eos_ids() const { return state().eos_ids; }  // generation stops at any of them
-    const std::string& bos_token() const { return state().bos_token; }   // text for chat templates ("" when none)
-    const std::string& eos_token() const { return state().eos_token; }
-    const std::string& chat_template() const { return state().chat_template; }  // Jinja source, "" when none
-    const std::string& source() const { return state().source; }
-
-    // For teaching: the symbols of one pre-token (normalized and mapped as encode would, e.g. " " → "Ġ") before the
-    // first merge and after each merge, ending with its tokens. Ranked-merge BPE tokenizers only.
-    std::vector<std::vector<std::string>> merge_steps(std::string_view pre_token) const {
-        const State& s = state();
-        if (s.kind != Kind::Bpe)
-            fail(s.source, ": merge_steps shows ranked merges; this is a SentencePiece score tokenizer");
-        if (size_t bad = detail::find_invalid_utf8(pre_token); bad != std::string_view::npos)
-            fail("invalid UTF-8 in the input text at byte offset ", bad);
-        std::vector<detail::Piece> pieces = pre_tokenize(normalize(pre_token), true);
-        if (pieces.size() != 1)
-            fail("merge_steps: \"", pre_token, "\" is ", pieces.size(), " pre-tokens for this tokenizer, not one");
-        std::vector<std::vector<std::string>> steps;
-        merge_word(pieces[0].text, &steps);
-        return steps;
-    }
-
-private:
-    friend struct detail::TokenizerBuilder;
-    friend class TextStream;
-
-    struct TemplateItem {
-        bool is_sequence = false;  // the encoded text ("$A"); else the special token's ids
-        std::vector<int> ids;
-    };
-
-    // Everything a tokenizer knows, shared by its copies: a Tokenizer is cheap to copy and pass by value.
-    struct State {
-        Kind kind = Kind::Bpe;
-        std::string source;  // the file it came from, for messages
-        std::vector<std::string> id_to_token;
-        std::unordered_map<std::string, int> token_to_id;
-        int bos_id = -1;
-        std::vector<int> eos_ids;
-        std::string bos_token, eos_token, chat_template;
-        bool add_bos = false, add_eos = false;
-        std::array<int, 256> byte_ids = [] {  // the <0xNN> tokens, -1 where absent
-            std::array<int, 256> none;
-            none.fill(-1);
-            return none;
-        }();
-
-        // SentencePiece scores.
-        std::vector<float> scores;
-        std::vector<Vocabulary::Type> types;
-        std::vector<int> sentencepiece_specials;  // control/user-defined pieces matched whole, longest first
-        bool add_space_prefix = true;
-        int unk_id = -1;
-
-        // Ranked-merge BPE.
-        std::unordered_map<uint64_t, std::pair<int, int>> merges;  // (left id << 32 | right id) → (rank, merged id)
-        bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
-        std::vector<detail::AddedToken> added;                        // longest content first
-        std::array<std::vector<int>, 256> added_by_first_byte[2];     // [normalized?][first byte] → indices into added
-        std::vector<detail::NormalizerStep> normalizers;
-        std::vector<detail::PreTokenizerStep> pre_tokenizers;
-        std::vector<detail::DecoderStep> decoders;
-        bool has_post_processor = false, has_template = false;
-        std::vector<TemplateItem> template_items;
-
-        // Words seen before and their ids: text repeats its words, and a lookup is cheaper than merging again.
-        mutable std::mutex cache_mutex;
-        mutable std::unordered_map<std::string, std::vector<int>> word_cache;
-    };
-
-    const State& state() const {
-        if (!state_) fail("this Tokenizer is empty (default-constructed): load one with load_tokenizer");
-        return *state_;
-    }
-
-    std::shared_ptr<State> state_;
-
-    // ---- SentencePiece scores -----------------------------------------------------------------------------------
-
-    void encode_sentencepiece(std::string_view text, std::vector<int>& ids) const {
-        const State& s = *state_;
-        // Split around special pieces; each stretch of plain text gets SentencePiece's dummy-prefix space when it
-        // starts the text or follows a special token, as llama.cpp does.
-        bool after_special = true;
-        size_t start = 0;
-        while (start <= text.size()) {
-            size_t match_at = text.size();
-            int match_id = -1;
-            for (size_t i = start; i < text.size() && match_id < 0; ++i)
-                for (int id : s.sentencepiece_specials) {
-                    const std::string& piece = s.id_to_token[id];
-                    if (text.compare(i, piece.size(), piece) == 0) {
-                        match_at = i;
-                        match_id = id;
-                        break;
-                    }
-                }
-            std::string_view plain = text.substr(start, match_at - start);
-            if (!plain.empty()) encode_sentencepiece_plain(plain, after_special, ids);
-            if (match_id < 0) break;
-            ids.push_back(match_id);
-            after_special = true;
-            start = match_at + s.id_to_token[match_id].size();
+inline std::string Tokenizer::normalize(std::string_view text) const {
+    std::string out(text);
+    for (const detail::NormalizerStep& step : state_->normalizers) {
+        switch (step.kind) {
+        case detail::NormalizerStep::Kind::Prepend:
+            if (!out.empty()) out = step.text + out;
+            break;
+        case detail::NormalizerStep::Kind::Replace: out = replace_all(out, step); break;
+        case detail::NormalizerStep::Kind::Nfc: out = detail::nfc(out); break;
         }
     }
+    return out;
+}
 
-    void encode_sentencepiece_plain(std::string_view plain, bool dummy_prefix, std::vector<int>& ids) const {
-        const State& s = *state_;
-        std::string text;
-        if (dummy_prefix && s.add_space_prefix) text += "\xE2\x96\x81";
-        for (char ch : plain) {
-            if (ch == ' ') text += "\xE2\x96\x81";
-            else text += ch;
-        }
-        // One symbol per UTF-8 character, kept as a doubly linked list so merges are O(1).
-        struct Symbol {
-            size_t begin, length;
-            int prev, next;
-        };
-        std::vector<Symbol> symbols;
-        for (size_t i = 0; i < text.size();) {
-            size_t length = std::min<size_t>(detail::utf8_sequence_length(static_cast<unsigned char>(text[i])), text.size() - i);
-            int index = static_cast<int>(symbols.size());
-            symbols.push_back({i, length, index - 1, index + 1});
-            i += length;
-        }
-        if (symbols.empty()) return;
-        symbols.back().next = -1;
-
-        // Candidate merges, best score first, leftmost first on ties. A candidate goes stale when either side has
-        // merged since it was queued: its recorded length no longer matches.
-        struct Candidate {
-            float score;
-            int left, right;
-            size_t length;
-        };
-        auto worse = [](const Candidate& a, const Candidate& b) {
-            return a.score < b.score || (a.score == b.score && a.left > b.left);
-        };
-        std::vector<Candidate> queue;
-        auto consider = [&](int left, int right) {
-            if (left < 0 || right < 0) return;
-            std::string_view merged(text.data() + symbols[left].begin, symbols[left].length + symbols[right].length);
-            auto found = s.token_to_id.find(std::string(merged));
-            if (found == s.token_to_id.end()) return;
-            queue.push_back({s.scores[found->second], left, right, merged.size()});
-            std::push_heap(queue.begin(), queue.end(), worse);
-        };
-        for (size_t i = 1; i < symbols.size(); ++i) consider(static_cast<int>(i) - 1, static_cast<int>(i));
-        while (!queue.empty()) {
-            std::pop_heap(queue.begin(), queue.end(), worse);
-            Candidate best = queue.back();
-            queue.pop_back();
-            Symbol& left = symbols[best.left];
-            Symbol& right = symbols[best.right];
-            if (left.length == 0 || right.length == 0 || left.length + right.length != best.length) continue;
-            left.length += right.length;
-            right.length = 0;
-            left.next = right.next;
-            if (right.next >= 0) symbols[right.next].prev = best.left;
-            consider(left.prev, best.left);
-            consider(best.left, left.next);
-        }
-        for (int i = 0; i >= 0; i = symbols[i].next) {
-            std::string piece = text.substr(symbols[i].begin, symbols[i].length);
-            if (auto found = s.token_to_id.find(piece); found != s.token_to_id.end()) {
-                ids.push_back(found->second);
-                continue;
-            }
-            for (unsigned char byte : piece) {  // byte fallback, or <unk> for a vocabulary without byte tokens
-                int id = s.byte_ids[byte];
-                ids.push_back(id >= 0 ? id : s.unk_id);
-            }
-        }
-    }
-
-    // The bytes one token stands for: "▁" becomes a space, <0xNN> the raw byte, control tokens nothing.
-    // `previous` decides SentencePiece's rule that a leading space after BOS (the dummy prefix) is dropped.
-    std::string sentencepiece_bytes(int id, int previous) const {
-        const State& s = *state_;
-        const std::string& piece = token_text(id);
-        auto type = s.types[static_cast<size_t>(id)];
-        if (type == Vocabulary::Type::Control || type == Vocabulary::Type::Unused) return "";
-        if (type == Vocabulary::Type::Byte) return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
-        std::string text;
-        static constexpr std::string_view space_marker = "\xE2\x96\x81";  // ▁
-        for (size_t i = 0; i < piece.size();) {
-            if (piece.compare(i, space_marker.size(), space_marker) == 0) {
-                text += ' ';
-                i += space_marker.size();
-            } else {
-                text += piece[i++];
-            }
-        }
-        bool starts_text = previous < 0 || previous == s.bos_id;
-        if (starts_text && s.add_space_prefix && !text.empty() && text[0] == ' ') text.erase(0, 1);
-        return text;
-    }
-
-    // ---- Ranked-merge BPE: added tokens, normalizer, pre-tokenizer, model, decoder ------------------------------
-
-    struct Segment {
-        std::string_view text;
-        int id = -1;      // an added token's id, or -1 for plain text
-        size_t offset = 0;  // where it starts in the string that was split
-    };
-
-    // Splits `text` around the added tokens whose `normalized` flag matches: leftmost match, longest on ties (Hugging
-    // Face's aho-corasick with LeftmostLongest), honouring single_word, lstrip and rstrip.
-    std::vector<Segment> split_added_tokens(std::string_view text, bool normalized) const {
-        const State& s = *state_;
-        const auto& by_first = s.added_by_first_byte[normalized ? 1 : 0];
-        std::vector<Segment> segments;
-        size_t plain_begin = 0;
-        auto is_word = [](char32_t c) { return c == '_' || detail::is_letter(c) || detail::is_number(c); };
-        for (size_t i = 0; i < text.size();) {
-            const auto& candidates = by_first[static_cast<unsigned char>(text[i])];
-            const detail::AddedToken* match = nullptr;
-            for (int index : candidates) {
-                const detail::AddedToken& token = s.added[static_cast<size_t>(index)];
-                if (text.compare(i, token.content.size(), token.content) == 0) {
-                    match = &token;
-                    break;
-                }
-            }
-            if (!match) {
-                ++i;
-                continue;
-            }
-            size_t start = i, stop = i + match->content.size();
-            if (match->single_word) {
-                bool word_before = start > 0 && is_word(previous_code_point(text, start));
-                bool word_after = stop < text.size() && is_word(detail::code_point_at(text, stop));
-                if (word_before || word_after) {
-                    i = stop;
-                    continue;
-                }
-            }
-            if (match->lstrip)
-                while (start > plain_begin && detail::is_white_space(previous_code_point(text, start)))
-                    start -= previous_length(text, start);
-            if (match->rstrip) {
-                int n = 0;
-                while (stop < text.size() && detail::is_white_space(detail::code_point_at(text, stop, &n))) stop += static_cast<size_t>(n);
-            }
-            if (start > plain_begin) segments.push_back({text.substr(plain_begin, start - plain_begin), -1, plain_begin});
-            segments.push_back({text.substr(start, stop - start), match->id, start});
-            plain_begin = i = stop;
-        }
-        if (plain_begin < text.size()) segments.push_back({text.substr(plain_begin), -1, plain_begin});
-        return segments;
-    }
-    static size_t previous_length(std::string_view text, size_t end) {
-        size_t begin = end - 1;
-        while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
-        return end - begin;
-    }
-    static char32_t previous_code_point(std::string_view text, size_t end) {
-        return detail::code_point_at(text, end - previous_length(text, end));
-    }
-
-    std::string normalize(std::string_view text) const {
-        std::string out(text);
-        for (const detail::NormalizerStep& step : state_->normalizers) {
-            switch (step.kind) {
-            case detail::NormalizerStep::Kind::Prepend:
-                if (!out.empty()) out = step.text + out;
-                break;
-            case detail::NormalizerStep::Kind::Replace: out = replace_all(out, step); break;
-            case detail::NormalizerStep::Kind::Nfc: out = detail::nfc(out); break;
-            }
-        }
-        return out;
-    }
-    static std::string replace_all(const std::string& text, const detail::NormalizerStep& step) {
-        std::string out;
-        if (step.regex) {
-            std::u32string cps = detail::to_code_points(text);
-            size_t last = 0;
-            for (auto [begin, end] : step.regex->find_all(cps)) {
-                for (size_t k = last; k < begin; ++k) detail::append_utf8(out, cps[k]);
-                out += step.content;
-                last = end;
-            }
-            for (size_t k = last; k < cps.size(); ++k) detail::append_utf8(out, cps[k]);
-            return out;
-        }
-        if (step.text.empty()) return text;
-        size_t at = 0;
-        for (size_t found; (found = text.find(step.text, at)) != std::string::npos; at = found + step.text.size())
-            out.append(text, at, found - at) += step.content;
-        return out.append(text, at);
-    }
-
-    // Cuts regex matches out of `piece` (behaviour Isolated: matches and the text between them are both pieces;
-    // Removed: only the text between them).
-    static void split_by_matches(const detail::Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
-                                 bool keep_matches, std::vector<detail::Piece>& out) {
+inline std::string Tokenizer::replace_all(const std::string& text, const detail::NormalizerStep& step) {
+    std::string out;
+    if (step.regex) {
+        std::u32string cps = detail::to_code_points(text);
         size_t last = 0;
-        auto emit = [&](size_t begin, size_t end) {
-            if (end > begin) out.push_back({piece.text.substr(begin, end - begin), piece.at_start && begin == 0});
-        };
-        for (auto [begin, end] : matches) {
-            emit(last, begin);
-            if (keep_matches) emit(begin, end);
+        for (auto [begin, end] : step.regex->find_all(cps)) {
+            for (size_t k = last; k < begin; ++k) detail::append_utf8(out, cps[k]);
+            out += step.content;
             last = end;
         }
-        emit(last, piece.text.size());
+        for (size_t k = last; k < cps.size(); ++k) detail::append_utf8(out, cps[k]);
+        return out;
     }
-    // Regex matches in code points, converted to byte offsets.
-    static std::vector<std::pair<size_t, size_t>> byte_matches(const detail::Regex& regex, const std::string& text) {
-        std::u32string cps = detail::to_code_points(text);
-        std::vector<size_t> offset(cps.size() + 1, 0);
-        for (size_t i = 0, at = 0; i < cps.size(); ++i) {
-            offset[i] = at;
-            at += static_cast<size_t>(std::max(1, detail::utf8_sequence_length(static_cast<unsigned char>(text[at]))));
-            offset[i + 1] = at;
-        }
-        std::vector<std::pair<size_t, size_t>> matches = regex.find_all(cps);
-        for (auto& [begin, end] : matches) begin = offset[begin], end = offset[end];
-        return matches;
-    }
+    if (step.text.empty()) return text;
+    size_t at = 0;
+    for (size_t found; (found = text.find(step.text, at)) != std::string::npos; at = found + step.text.size())
+        out.append(text, at, found - at) += step.content;
+    return out.append(text, at);
+}
 
-    std::vector<detail::Piece> pre_tokenize(std::string text, bool at_start) const {
-        std::vector<detail::Piece> pieces{{std::move(text), at_start}};
-        for (const detail::PreTokenizerStep& step : state_->pre_tokenizers) {
-            std::vector<detail::Piece> next;
-            for (detail::Piece& piece : pieces) apply_pre_tokenizer(step, piece, next);
-            pieces = std::move(next);
-        }
-        return pieces;
+inline void Tokenizer::split_by_matches(const detail::Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+                             bool keep_matches, std::vector<detail::Piece>& out) {
+    size_t last = 0;
+    auto emit = [&](size_t begin, size_t end) {
+        if (end > begin) out.push_back({piece.text.substr(begin, end - begin), piece.at_start && begin == 0});
+    };
+    for (auto [begin, end] : matches) {
+        emit(last, begin);
+        if (keep_matches) emit(begin, end);
+        last = end;
     }
+    emit(last, piece.text.size());
+}
 
-    static void apply_pre_tokenizer(const detail::PreTokenizerStep& step, detail::Piece& piece, std::vector<detail::Piece>& out) {
-        using Kind = detail::PreTokenizerStep::Kind;
-        switch (step.kind) {
-        case Kind::Metaspace: {
-            std::string text;
-            for (char ch : piece.text) {
-                if (ch == ' ') text += step.replacement;
-                else text += ch;
-            }
-            bool prepend = step.prepend == detail::PreTokenizerStep::Prepend::Always ||
-                           (step.prepend == detail::PreTokenizerStep::Prepend::First && piece.at_start);
-            if (prepend && !detail::starts_with(text, step.replacement)) text = step.replacement + text;
-            if (!step.split) {
-                out.push_back({std::move(text), piece.at_start});
-                return;
-            }
-            // Behaviour MergedWithNext: each "▁" starts a new piece.
-            size_t begin = 0;
-            for (size_t at = text.find(step.replacement, 1); at != std::string::npos; at = text.find(step.replacement, at + 1)) {
-                if (at > begin) out.push_back({text.substr(begin, at - begin), piece.at_start && begin == 0});
-                begin = at;
-            }
-            if (begin < text.size()) out.push_back({text.substr(begin), piece.at_start && begin == 0});
+inline std::vector<std::pair<size_t, size_t>> Tokenizer::byte_matches(const detail::Regex& regex, const std::string& text) {
+    std::u32string cps = detail::to_code_points(text);
+    std::vector<size_t> offset(cps.size() + 1, 0);
+    for (size_t i = 0, at = 0; i < cps.size(); ++i) {
+        offset[i] = at;
+        at += static_cast<size_t>(std::max(1, detail::utf8_sequence_length(static_cast<unsigned char>(text[at]))));
+        offset[i + 1] = at;
+    }
+    std::vector<std::pair<size_t, size_t>> matches = regex.find_all(cps);
+    for (auto& [begin, end] : matches) begin = offset[begin], end = offset[end];
+    return matches;
+}
+
+inline std::vector<detail::Piece> Tokenizer::pre_tokenize(std::string text, bool at_start) const {
+    std::vector<detail::Piece> pieces{{std::move(text), at_start}};
+    for (const detail::PreTokenizerStep& step : state_->pre_tokenizers) {
+        std::vector<detail::Piece> next;
+        for (detail::Piece& piece : pieces) apply_pre_tokenizer(step, piece, next);
+        pieces = std::move(next);
+    }
+    return pieces;
+}
+
+inline void Tokenizer::apply_pre_tokenizer(const detail::PreTokenizerStep& step, detail::Piece& piece, std::vector<detail::Piece>& out) {
+    using Kind = detail::PreTokenizerStep::Kind;
+    switch (step.kind) {
+    case Kind::Metaspace: {
+        std::string text;
+        for (char ch : piece.text) {
+            if (ch == ' ') text += step.replacement;
+            else text += ch;
+        }
+        bool prepend = step.prepend == detail::PreTokenizerStep::Prepend::Always ||
+                       (step.prepend == detail::PreTokenizerStep::Prepend::First && piece.at_start);
+        if (prepend && !detail::starts_with(text, step.replacement)) text = step.replacement + text;
+        if (!step.split) {
+            out.push_back({std::move(text), piece.at_start});
             return;
         }
-        case Kind::ByteLevel: {
-            if (step.add_prefix_space && !detail::starts_with(piece.text, " ")) piece.text = " " + piece.text;
-            std::vector<detail::Piece> parts;
-            if (step.use_regex) split_by_matches(piece, byte_matches(*step.regex, piece.text), true, parts);
-            else parts.push_back(std::move(piece));
-            const auto& map = detail::byte_level_map();
-            for (detail::Piece& part : parts) {
-                std::string mapped;
-                for (unsigned char byte : part.text) mapped += map.byte_to_text[byte];
-                out.push_back({std::move(mapped), part.at_start});
-            }
-            return;
+        // Behaviour MergedWithNext: each "▁" starts a new piece.
+        size_t begin = 0;
+        for (size_t at = text.find(step.replacement, 1); at != std::string::npos; at = text.find(step.replacement, at + 1)) {
+            if (at > begin) out.push_back({text.substr(begin, at - begin), piece.at_start && begin == 0});
+            begin = at;
         }
-        case Kind::Split: {
-            if (step.regex) {
-                split_by_matches(piece, byte_matches(*step.regex, piece.text), !step.remove_matches, out);
-                return;
-            }
-            std::vector<std::pair<size_t, size_t>> matches;
-            if (!step.literal.empty())
-                for (size_t at = piece.text.find(step.literal); at != std::string::npos; at = piece.text.find(step.literal, at + step.literal.size()))
-                    matches.emplace_back(at, at + step.literal.size());
-            split_by_matches(piece, matches, !step.remove_matches, out);
-            return;
-        }
-        case Kind::Digits: {
-            std::vector<std::pair<size_t, size_t>> matches;
-            int n = 0;
-            for (size_t i = 0; i < piece.text.size(); i += static_cast<size_t>(n)) {
-                if (!detail::is_number(detail::code_point_at(piece.text, i, &n))) continue;
-                if (!step.individual_digits && !matches.empty() && matches.back().second == i) matches.back().second = i + n;
-                else matches.emplace_back(i, i + n);
-            }
-            split_by_matches(piece, matches, true, out);
-            return;
-        }
-        }
+        if (begin < text.size()) out.push_back({text.substr(begin), piece.at_start && begin == 0});
+        return;
     }
-
-    // The BPE model on one pre-token: characters (or their <0xNN> bytes, or <unk>) become symbols in a linked list,
-    // then the adjacent pair with the lowest merge rank merges until none is left: a heap keyed by (rank, position)
-    // makes that O(n log n) in the word's length. Hugging Face's word.rs does the same.
-    void encode_word(const std::string& word, std::vector<int>& ids) const {
-        const State& s = *state_;
-        if (s.ignore_merges) {  // Llama 3: a pre-token that is itself a token is taken whole
-            if (auto found = s.token_to_id.find(word); found != s.token_to_id.end()) {
-                ids.push_back(found->second);
-                return;
-            }
+    case Kind::ByteLevel: {
+        if (step.add_prefix_space && !detail::starts_with(piece.text, " ")) piece.text = " " + piece.text;
+        std::vector<detail::Piece> parts;
+        if (step.use_regex) split_by_matches(piece, byte_matches(*step.regex, piece.text), true, parts);
+        else parts.push_back(std::move(piece));
+        const auto& map = detail::byte_level_map();
+        for (detail::Piece& part : parts) {
+            std::string mapped;
+            for (unsigned char byte : part.text) mapped += map.byte_to_text[byte];
+            out.push_back({std::move(mapped), part.at_start});
         }
-        const bool cacheable = word.size() <= 64;  // long words are rare and would crowd the cache
-        if (cacheable) {
-            std::lock_guard<std::mutex> lock(s.cache_mutex);
-            if (auto found = s.word_cache.find(word); found != s.word_cache.end()) {
-                ids.insert(ids.end(), found->second.begin(), found->second.end());
-                return;
-            }
-        }
-        std::vector<int> word_ids = merge_word(word, nullptr);
-        ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-        if (!cacheable) return;
-        std::lock_guard<std::mutex> lock(s.cache_mutex);
-        if (s.word_cache.size() >= 100000) s.word_cache.clear();  // bounded: a long-running server sees endless words
-        s.word_cache.emplace(word, std::move(word_ids));
+        return;
     }
-
-    // The merges themselves; `steps`, when given, receives the symbols before the first merge and after each one.
-    std::vector<int> merge_word(const std::string& word, std::vector<std::vector<std::string>>* steps) const {
-        const State& s = *state_;
-        struct Symbol {
-            int id;
-            int prev, next;
-            bool alive;
-        };
-        std::vector<Symbol> symbols;
-        symbols.reserve(word.size());
-        auto push = [&](int id) {
-            int index = static_cast<int>(symbols.size());
-            symbols.push_back({id, index - 1, index + 1, true});
-        };
-        bool last_unknown = false;
+    case Kind::Split: {
+        if (step.regex) {
+            split_by_matches(piece, byte_matches(*step.regex, piece.text), !step.remove_matches, out);
+            return;
+        }
+        std::vector<std::pair<size_t, size_t>> matches;
+        if (!step.literal.empty())
+            for (size_t at = piece.text.find(step.literal); at != std::string::npos; at = piece.text.find(step.literal, at + step.literal.size()))
+                matches.emplace_back(at, at + step.literal.size());
+        split_by_matches(piece, matches, !step.remove_matches, out);
+        return;
+    }
+    case Kind::Digits: {
+        std::vector<std::pair<size_t, size_t>> matches;
         int n = 0;
-        std::string character;
-        for (size_t i = 0; i < word.size(); i += static_cast<size_t>(n)) {
-            n = std::max(1, detail::utf8_sequence_length(static_cast<unsigned char>(word[i])));
-            character.assign(word, i, static_cast<size_t>(n));
-            if (auto found = s.token_to_id.find(character); found != s.token_to_id.end()) {
-                push(found->second);
-                last_unknown = false;
-                continue;
-            }
-            if (s.byte_fallback) {
-                bool all = true;
-                for (unsigned char byte : character) all = all && s.byte_ids[byte] >= 0;
-                if (all) {
-                    for (unsigned char byte : character) push(s.byte_ids[byte]);
-                    last_unknown = false;
-                    continue;
-                }
-            }
-            if (s.unk_id < 0) continue;  // no unk token: Hugging Face drops the character
-            if (!(s.fuse_unk && last_unknown)) push(s.unk_id);
-            last_unknown = true;
+        for (size_t i = 0; i < piece.text.size(); i += static_cast<size_t>(n)) {
+            if (!detail::is_number(detail::code_point_at(piece.text, i, &n))) continue;
+            if (!step.individual_digits && !matches.empty() && matches.back().second == i) matches.back().second = i + n;
+            else matches.emplace_back(i, i + n);
         }
-        if (!symbols.empty()) symbols.back().next = -1;
-
-        struct Candidate {
-            int rank, position, merged;
-        };
-        auto worse = [](const Candidate& a, const Candidate& b) {
-            return a.rank > b.rank || (a.rank == b.rank && a.position > b.position);
-        };
-        std::vector<Candidate> queue;
-        auto consider = [&](int left) {
-            if (left < 0 || symbols[left].next < 0) return;
-            uint64_t key = uint64_t(uint32_t(symbols[left].id)) << 32 | uint32_t(symbols[symbols[left].next].id);
-            auto found = s.merges.find(key);
-            if (found == s.merges.end()) return;
-            queue.push_back({found->second.first, left, found->second.second});
-            std::push_heap(queue.begin(), queue.end(), worse);
-        };
-        auto record = [&] {
-            if (!steps) return;
-            std::vector<std::string> texts;
-            for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) texts.push_back(s.id_to_token[symbols[i].id]);
-            steps->push_back(std::move(texts));
-        };
-        record();
-        for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i);
-        while (!queue.empty()) {
-            std::pop_heap(queue.begin(), queue.end(), worse);
-            Candidate best = queue.back();
-            queue.pop_back();
-            Symbol& left = symbols[best.position];
-            // Stale when the left symbol merged away or its pair no longer merges into the same token.
-            if (!left.alive || left.next < 0) continue;
-            uint64_t key = uint64_t(uint32_t(left.id)) << 32 | uint32_t(symbols[left.next].id);
-            auto found = s.merges.find(key);
-            if (found == s.merges.end() || found->second.second != best.merged) continue;
-            Symbol& right = symbols[left.next];
-            left.id = best.merged;
-            right.alive = false;
-            left.next = right.next;
-            if (right.next >= 0) symbols[right.next].prev = best.position;
-            consider(left.prev);
-            consider(best.position);
-            record();
-        }
-        std::vector<int> word_ids;
-        for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) word_ids.push_back(symbols[i].id);
-        return word_ids;
+        split_by_matches(piece, matches, true, out);
+        return;
     }
+    }
+}
 
-    static std::vector<std::string> apply_decoder(const detail::DecoderStep& step, std::vector<std::string> tokens) {
-        using Kind = detail::DecoderStep::Kind;
-        switch (step.kind) {
-        case Kind::ByteLevel: {  // every character back to its byte; a token with a foreign character stays as is
-            const auto& map = detail::byte_level_map();
-            std::string bytes;
-            for (const std::string& token : tokens) {
-                std::string mapped;
-                bool all = true;
-                int n = 0;
-                for (size_t i = 0; i < token.size() && all; i += static_cast<size_t>(n)) {
-                    auto found = map.char_to_byte.find(detail::code_point_at(token, i, &n));
-                    if (found == map.char_to_byte.end()) all = false;
-                    else mapped += static_cast<char>(found->second);
-                }
-                bytes += all ? mapped : token;
+inline std::vector<std::string> Tokenizer::apply_decoder(const detail::DecoderStep& step, std::vector<std::string> tokens) {
+    using Kind = detail::DecoderStep::Kind;
+    switch (step.kind) {
+    case Kind::ByteLevel: {  // every character back to its byte; a token with a foreign character stays as is
+        const auto& map = detail::byte_level_map();
+        std::string bytes;
+        for (const std::string& token : tokens) {
+            std::string mapped;
+            bool all = true;
+            int n = 0;
+            for (size_t i = 0; i < token.size() && all; i += static_cast<size_t>(n)) {
+                auto found = map.char_to_byte.find(detail::code_point_at(token, i, &n));
+                if (found == map.char_to_byte.end()) all = false;
+                else mapped += static_cast<char>(found->second);
             }
-            return {detail::utf8_lossy(bytes)};
+            bytes += all ? mapped : token;
         }
-        case Kind::Metaspace:  // "▁" becomes a space, except in the first token where it was the prepended one
-            for (size_t i = 0; i < tokens.size(); ++i) {
-                std::string text;
-                for (size_t at = 0; at < tokens[i].size();) {
-                    if (tokens[i].compare(at, step.pattern.size(), step.pattern) == 0) {
-                        if (!(i == 0 && step.drop_first_marker)) text += ' ';
-                        at += step.pattern.size();
-                    } else {
-                        text += tokens[i][at++];
-                    }
-                }
-                tokens[i] = std::move(text);
-            }
-            return tokens;
-        case Kind::Replace: {
-            detail::NormalizerStep replace;
-            replace.kind = detail::NormalizerStep::Kind::Replace;
-            replace.text = step.pattern;
-            replace.content = step.content;
-            for (std::string& token : tokens) token = replace_all(token, replace);
-            return tokens;
-        }
-        case Kind::ByteFallback: {  // runs of <0xNN> tokens become their bytes; bytes that are not UTF-8 become U+FFFD
-            std::vector<std::string> out;
-            std::string bytes;
-            size_t byte_count = 0;
-            auto flush = [&] {
-                if (byte_count == 0) return;
-                if (detail::find_invalid_utf8(bytes) == std::string_view::npos) {
-                    out.push_back(bytes);
+        return {detail::utf8_lossy(bytes)};
+    }
+    case Kind::Metaspace:  // "▁" becomes a space, except in the first token where it was the prepended one
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            std::string text;
+            for (size_t at = 0; at < tokens[i].size();) {
+                if (tokens[i].compare(at, step.pattern.size(), step.pattern) == 0) {
+                    if (!(i == 0 && step.drop_first_marker)) text += ' ';
+                    at += step.pattern.size();
                 } else {
-                    for (size_t k = 0; k < byte_count; ++k) out.emplace_back(detail::replacement_character);
-                }
-                bytes.clear();
-                byte_count = 0;
-            };
-            for (std::string& token : tokens) {
-                bool is_byte = token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>' &&
-                               std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4]));
-                if (is_byte) {
-                    bytes += static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16));
-                    ++byte_count;
-                } else {
-                    flush();
-                    out.push_back(std::move(token));
+                    text += tokens[i][at++];
                 }
             }
-            flush();
-            return out;
+            tokens[i] = std::move(text);
         }
-        case Kind::Fuse: {
-            std::string all;
-            for (const std::string& token : tokens) all += token;
-            return {all};
-        }
-        case Kind::Strip:  // up to `start` leading and `stop` trailing copies of `content`, from each token
-            for (std::string& token : tokens) {
-                for (int k = 0; k < step.start && detail::starts_with(token, step.content); ++k) token.erase(0, step.content.size());
-                for (int k = 0; k < step.stop && detail::ends_with(token, step.content); ++k)
-                    token.erase(token.size() - step.content.size());
+        return tokens;
+    case Kind::Replace: {
+        detail::NormalizerStep replace;
+        replace.kind = detail::NormalizerStep::Kind::Replace;
+        replace.text = step.pattern;
+        replace.content = step.content;
+        for (std::string& token : tokens) token = replace_all(token, replace);
+        return tokens;
+    }
+    case Kind::ByteFallback: {  // runs of <0xNN> tokens become their bytes; bytes that are not UTF-8 become U+FFFD
+        std::vector<std::string> out;
+        std::string bytes;
+        size_t byte_count = 0;
+        auto flush = [&] {
+            if (byte_count == 0) return;
+            if (detail::find_invalid_utf8(bytes) == std::string_view::npos) {
+                out.push_back(bytes);
+            } else {
+                for (size_t k = 0; k < byte_count; ++k) out.emplace_back(detail::replacement_character);
             }
-            return tokens;
+            bytes.clear();
+            byte_count = 0;
+        };
+        for (std::string& token : tokens) {
+            bool is_byte = token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>' &&
+                           std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4]));
+            if (is_byte) {
+                bytes += static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16));
+                ++byte_count;
+            } else {
+                flush();
+                out.push_back(std::move(token));
+            }
+        }
+        flush();
+        return out;
+    }
+    case Kind::Fuse: {
+        std::string all;
+        for (const std::string& token : tokens) all += token;
+        return {all};
+    }
+    case Kind::Strip:  // up to `start` leading and `stop` trailing copies of `content`, from each token
+        for (std::string& token : tokens) {
+            for (int k = 0; k < step.start && detail::starts_with(token, step.content); ++k) token.erase(0, step.content.size());
+            for (int k = 0; k < step.stop && detail::ends_with(token, step.content); ++k)
+                token.erase(token.size() - step.content.size());
         }
         return tokens;
     }
-};
+    return tokens;
+}
 
 // ---- Building tokenizers: from a Vocabulary (llama2.c, GGUF) or a tokenizer.json -------------------------------------
 
@@ -3604,7 +5619,7 @@ struct TokenizerBuilder {
         s->add_eos = vocab.add_eos;
         s->chat_template = vocab.chat_template;
         s->unk_id = vocab.unk_id;
-        if (vocab.model == "gpt2") {
+        if (vocab.model == Vocabulary::Model::RankedMerges) {
             // GGUF's byte-level BPE: merges ranked by their order; llama.cpp picks the split regex by tokenizer.ggml.pre.
             s->kind = Tokenizer::Kind::Bpe;
             s->unk_id = -1;
@@ -3932,8 +5947,10 @@ struct TokenizerBuilder {
 
 }  // namespace detail
 
-// Loads the tokenizer at `path`: a folder with tokenizer.json (and tokenizer_config.json beside it for BOS/EOS and
-// the chat template), a tokenizer.json file, a .gguf file's vocabulary, or a llama2.c tokenizer.bin.
+inline Tokenizer tokenizer_from_vocabulary(const Vocabulary& vocab, int bos_id, std::vector<int> eos_ids, std::string source) {
+    return detail::TokenizerBuilder::from_vocabulary(vocab, bos_id, std::move(eos_ids), std::move(source));
+}
+
 inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
     if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
     std::filesystem::path json_path;
@@ -3956,7 +5973,7 @@ inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
     if (std::memcmp(magic, "GGUF", 4) == 0) {
         GgufFile gguf = read_gguf(path);
         Vocabulary vocab = detail::vocabulary_from_gguf(gguf);
-        if (vocab.empty()) fail(path.string(), ": no tokenizer vocabulary in the GGUF metadata (tokenizer.ggml.model \"", vocab.model, "\")");
+        if (vocab.empty()) fail(path.string(), ": no tokenizer vocabulary in the GGUF metadata (tokenizer.ggml.model \"", vocab.model_name, "\")");
         std::vector<int> eos;
         if (gguf.find("tokenizer.ggml.eos_token_id")) eos.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
         if (gguf.find("tokenizer.ggml.eot_token_id")) {
@@ -3970,314 +5987,11 @@ inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
     return detail::TokenizerBuilder::from_vocabulary(load_llama2c_tokenizer(path, -1), 1, {2}, path.string());
 }
 
-// Feeds token ids one at a time and returns the text each one completes, so that the pieces add up to exactly what a
-// full decode of the same ids gives. It decodes a short window (the ids it printed last time, as context, plus the
-// ids not printed yet) and prints what the window adds to the context's own text. Decoders' first-token rules (the
-// dropped leading "▁") thus apply to the context, as they would in the full decode, and the context always starts on
-// a whole character (a lone <0xA5> would decode to U+FFFD and spoil the next run of bytes). While the window's text
-// ends in U+FFFD (a character whose remaining bytes are still to come) it waits; finish() prints whatever is left.
-// The same scheme as Hugging Face's DecodeStream.
-class TextStream {
-public:
-    // `previous`: the id before the first one pushed (the prompt's last), so the first word gets its leading space.
-    explicit TextStream(const Tokenizer& tokenizer, int previous = -1) : tokenizer_(tokenizer) {
-        if (previous >= 0) {
-            ids_.push_back(previous);
-            context_size_ = 1;
-            context_text_ = tokenizer_.decode(ids_);
-        }
-    }
-
-    std::string push(int id) {
-        ids_.push_back(id);
-        std::string text = tokenizer_.decode(ids_);
-        if (text.size() <= context_text_.size() || detail::ends_with_replacement(text) || !detail::starts_with(text, context_text_))
-            return "";
-        std::string added = text.substr(context_text_.size());
-        next_context();
-        return added;
-    }
-
-    std::string finish() {
-        std::string text = tokenizer_.decode(ids_);
-        std::string rest = detail::starts_with(text, context_text_) ? text.substr(context_text_.size()) : text;
-        next_context();
-        return rest;
-    }
-
-private:
-    void next_context() {  // the ids just printed become the context
-        ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_size_));
-        context_size_ = ids_.size();
-        context_text_ = tokenizer_.decode(ids_);
-    }
-
-    Tokenizer tokenizer_;       // a copy shares the vocabulary: cheap
-    std::vector<int> ids_;      // the context ids, then the ids not printed yet
-    size_t context_size_ = 0;
-    std::string context_text_;  // decode of the context ids
-};
-
-// =====================================================================================================================
-// 4. KV CACHE — each layer's keys and values for every token a sequence has seen, so decode computes one new token's
-//    K/V instead of the whole prefix again. Memory is a pool of fixed-size blocks (B tokens each); a sequence owns a
-//    block table that maps position p to block table[p / B], slot p % B, so sequences grow without copying and without
-//    reserving their maximum length up front. Cost: 2 × L × Hkv × Dh × 4 bytes per token (f32).
-//    Prefix caching: a full block is named by a hash chained over (parent block's hash, its B token ids), so two
-//    prompts that start alike share their first blocks (reference counts), and a finished request's blocks stay cached
-//    until the pool needs them back (least recently used first). A hit skips the prefill of those tokens.  (chapter 05)
-// =====================================================================================================================
-
-class KVCache {
-public:
-    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16)
-        : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks),
-          token_width_(config.n_kv_heads * config.head_dim) {
-        if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
-        if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
-        size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
-        // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
-        // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
-        keys_.reset(new float[floats]);
-        values_.reset(new float[floats]);
-        blocks_.resize(static_cast<size_t>(num_blocks_));
-        for (int block = num_blocks_ - 1; block >= 0; --block) free_blocks_.push_back(block);
-    }
-
-    // Bytes one token occupies across all layers (keys and values).
-    static size_t bytes_per_token(const ModelConfig& c) {
-        return 2 * sizeof(float) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
-    }
-    // How many blocks a memory budget buys (at least one).
-    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size) {
-        size_t per_block = bytes_per_token(c) * static_cast<size_t>(std::max(block_size, 1));
-        return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
-    }
-
-    int block_size() const { return block_size_; }
-    int num_blocks() const { return num_blocks_; }
-    int capacity_tokens() const { return num_blocks_ * block_size_; }
-    // The pool's three states: held by a sequence, cached (no holder, still named by its hash: reusable, and
-    // evictable when the free list runs dry), and free (holding nothing anyone can find).
-    int used_block_count() const { return num_blocks_ - free_block_count() - cached_block_count(); }
-    int cached_block_count() const { return static_cast<int>(evictable_.size()); }
-    int free_block_count() const { return static_cast<int>(free_blocks_.size()); }
-    int available_block_count() const { return free_block_count() + cached_block_count(); }
-
-    void set_prefix_caching(bool on) { prefix_caching_ = on; }
-    bool prefix_caching() const { return prefix_caching_; }
-
-    // Grows a sequence's block table to hold positions [0, n_tokens). Returns false, changing nothing, when the pool
-    // has too few free or evictable blocks: running out is an expected outcome the scheduler handles, not an error.
-    bool reserve(int sequence, int n_tokens) {
-        std::vector<int>& table = sequences_[sequence].table;
-        size_t needed = static_cast<size_t>((n_tokens + block_size_ - 1) / block_size_);
-        if (needed <= table.size()) return true;
-        if (needed - table.size() > static_cast<size_t>(available_block_count())) return false;
-        while (table.size() < needed) table.push_back(take_block());
-        return true;
-    }
-
-    // How many tokens of `tokens` match_prefix() would find cached, changing nothing: a router asks each instance
-    // this to send a prompt where its prefix already is (chapter 09).
-    int cached_prefix_tokens(std::span<const int> tokens) const {
-        if (!prefix_caching_ || tokens.empty()) return 0;
-        const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
-        uint64_t parent = 0;
-        size_t matched = 0;
-        for (; matched < full_blocks; ++matched) {
-            std::span<const int> ids = tokens.subspan(matched * block_size_, static_cast<size_t>(block_size_));
-            uint64_t hash = hash_block(parent, ids);
-            auto found = by_hash_.find(hash);
-            if (found == by_hash_.end()) break;
-            const Block& block = blocks_[static_cast<size_t>(found->second)];
-            if (block.parent != parent || !std::equal(ids.begin(), ids.end(), block.tokens.begin())) break;
-            parent = hash;
-        }
-        return static_cast<int>(matched) * block_size_;
-    }
-
-    // Attaches the cached blocks that hold a prefix of `tokens` to a sequence that holds none yet, and returns how many
-    // tokens they cover (a multiple of B). At most tokens.size() - 1 are taken: the last token is always computed
-    // again, because the next token's logits come from its forward pass (vLLM does the same).
-    int match_prefix(int sequence, std::span<const int> tokens) {
-        SequenceBlocks& s = sequences_[sequence];
-        if (!prefix_caching_ || !s.table.empty() || tokens.empty()) return 0;
-        const size_t full_blocks = (tokens.size() - 1) / static_cast<size_t>(block_size_);
-        uint64_t parent = 0;
-        for (size_t i = 0; i < full_blocks; ++i) {
-            std::span<const int> ids = tokens.subspan(i * block_size_, static_cast<size_t>(block_size_));
-            uint64_t hash = hash_block(parent, ids);
-            auto found = by_hash_.find(hash);
-            if (found == by_hash_.end()) break;
-            Block& block = blocks_[static_cast<size_t>(found->second)];
-            // The hash names the block; the stored ids prove it (a 64-bit collision would otherwise mix two prompts).
-            if (block.parent != parent || !std::equal(ids.begin(), ids.end(), block.tokens.begin())) break;
-            if (block.ref_count++ == 0) evictable_.erase(block.last_used);
-            s.table.push_back(found->second);
-            s.hashed_blocks = static_cast<int>(i + 1);
-            s.last_hash = hash;
-            parent = hash;
-        }
-        return s.hashed_blocks * block_size_;
-    }
-
-    // After a forward pass: names the sequence's blocks that are now full and computed (`tokens` are all its ids so
-    // far, prompt then output; the first n_computed have K/V in the cache), so later requests can find them.
-    void commit(int sequence, std::span<const int> tokens, int n_computed) {
-        if (!prefix_caching_) return;
-        SequenceBlocks& s = sequences_.at(sequence);
-        const int full = std::min<int>(n_computed / block_size_, static_cast<int>(s.table.size()));
-        for (int i = s.hashed_blocks; i < full; ++i) {
-            std::span<const int> ids = tokens.subspan(static_cast<size_t>(i) * block_size_, static_cast<size_t>(block_size_));
-            uint64_t hash = hash_block(s.last_hash, ids);
-            Block& block = blocks_[static_cast<size_t>(s.table[i])];
-            // Another sequence may have computed the same block in the same step: the first one keeps the name and this
-            // copy stays anonymous (freed, not cached, on release).
-            if (!block.hashed && !by_hash_.count(hash)) {
-                block.hashed = true;
-                block.hash = hash;
-                block.parent = s.last_hash;
-                block.tokens.assign(ids.begin(), ids.end());
-                by_hash_[hash] = s.table[i];
-            }
-            s.last_hash = hash;
-            s.hashed_blocks = i + 1;
-        }
-    }
-
-    // Drops a sequence's hold on its blocks. Named blocks nobody holds become cached; the tail of the sequence is
-    // released first, so it is evicted first (a prefix is worth more than the tail that depends on it).
-    void release(int sequence) {
-        auto found = sequences_.find(sequence);
-        if (found == sequences_.end()) return;
-        const std::vector<int>& table = found->second.table;
-        for (auto it = table.rbegin(); it != table.rend(); ++it) {
-            Block& block = blocks_[static_cast<size_t>(*it)];
-            if (--block.ref_count > 0) continue;
-            if (block.hashed) {
-                block.last_used = ++clock_;
-                evictable_[block.last_used] = *it;
-            } else {
-                free_blocks_.push_back(*it);
-            }
-        }
-        sequences_.erase(found);
-    }
-
-    bool has_sequence(int sequence) const { return sequences_.count(sequence) > 0; }
-    const std::vector<int>& block_table(int sequence) const {
-        auto found = sequences_.find(sequence);
-        if (found == sequences_.end()) fail("KV cache: sequence ", sequence, " has no blocks");
-        return found->second.table;
-    }
-    int ref_count(int block) const { return blocks_.at(static_cast<size_t>(block)).ref_count; }
-
-    // [Hkv × Dh] keys or values of one token: layer, block, slot.
-    float* key(int layer, int block, int slot) { return keys_.get() + offset(layer, block, slot); }
-    float* value(int layer, int block, int slot) { return values_.get() + offset(layer, block, slot); }
-    const float* key(int layer, int block, int slot) const { return keys_.get() + offset(layer, block, slot); }
-    const float* value(int layer, int block, int slot) const { return values_.get() + offset(layer, block, slot); }
-
-private:
-    struct Block {
-        int ref_count = 0;        // sequences whose tables hold it
-        bool hashed = false;      // full, computed and findable by hash
-        uint64_t hash = 0, parent = 0;
-        uint64_t last_used = 0;   // release tick: the LRU order of cached blocks
-        std::vector<int> tokens;  // [B] the ids it holds, to confirm a hash match
-    };
-    struct SequenceBlocks {
-        std::vector<int> table;  // block of positions [i·B, (i+1)·B)
-        int hashed_blocks = 0;   // table[0, hashed_blocks) are named
-        uint64_t last_hash = 0;  // the name of table[hashed_blocks - 1] (0 before the first)
-    };
-
-    // FNV-1a over the parent's hash and the ids, then a final mix: cheap, and chained so a block's name depends on
-    // everything before it (the same ids after a different prefix have different K/V).
-    static uint64_t hash_block(uint64_t parent, std::span<const int> ids) {
-        uint64_t h = 0xcbf29ce484222325ull;
-        auto mix = [&h](uint64_t word) {
-            for (int byte = 0; byte < 8; ++byte) h = (h ^ ((word >> (8 * byte)) & 0xFF)) * 0x100000001b3ull;
-        };
-        mix(parent);
-        for (int id : ids) mix(static_cast<uint32_t>(id));
-        h ^= h >> 33;
-        return (h * 0xff51afd7ed558ccdull) | 1;  // never 0: 0 is "no parent"
-    }
-
-    // A free block, else the least recently released cached one (its name is forgotten).
-    int take_block() {
-        int id;
-        if (!free_blocks_.empty()) {
-            id = free_blocks_.back();
-            free_blocks_.pop_back();
-        } else {
-            auto oldest = evictable_.begin();
-            id = oldest->second;
-            evictable_.erase(oldest);
-            Block& block = blocks_[static_cast<size_t>(id)];
-            by_hash_.erase(block.hash);
-            block.hashed = false;
-            block.tokens.clear();
-        }
-        blocks_[static_cast<size_t>(id)].ref_count = 1;
-        return id;
-    }
-
-    size_t offset(int layer, int block, int slot) const {
-        return ((static_cast<size_t>(layer) * num_blocks_ + block) * block_size_ + slot) * token_width_;
-    }
-
-    int layers_, block_size_, num_blocks_, token_width_;
-    std::unique_ptr<float[]> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
-    std::vector<Block> blocks_;               // [num_blocks]
-    std::vector<int> free_blocks_;
-    std::map<uint64_t, int> evictable_;           // release tick → cached block nobody holds, oldest first
-    std::unordered_map<uint64_t, int> by_hash_;   // hash → named block
-    std::unordered_map<int, SequenceBlocks> sequences_;
-    bool prefix_caching_ = true;
-    uint64_t clock_ = 0;
-};
-
-// =====================================================================================================================
-// 5. FORWARD PASS — token ids in, next-token logits out. One function serves prefill (a whole prompt: T rows, so each
-//    weight read from memory is used T times: matrix-matrix, compute-bound) and decode (one token per sequence: every
-//    weight byte is read for a handful of multiply-adds: matrix-vector, memory-bound). Per layer:
-//      x → RMSNorm → q,k,v projections (+bias, +per-head norm) → RoPE → write K/V to the cache → attention over the
-//      sequence's cached positions (GQA: query head h reads KV head h / (H / Hkv)) → output projection → + x
-//        → RMSNorm → SwiGLU MLP: down(silu(gate(x)) · up(x)) → + x
-//    then the final norm and the vocabulary projection.  Chapter 04 measures both regimes.
-// =====================================================================================================================
-
-// The tokens of one forward call: each with the sequence it belongs to and its position in that sequence. Tokens of
-// many sequences, decoding or prefilling, can share a batch; a token sees only its own sequence's cache.
-struct Batch {
-    std::vector<int> tokens;     // [T]
-    std::vector<int> positions;  // [T]
-    std::vector<int> sequences;  // [T]
-    std::vector<char> wants_logits;  // [T] logits are computed only where asked (the last prompt token, decode tokens)
-
-    void add(int token, int position, int sequence, bool logits) {
-        tokens.push_back(token);
-        positions.push_back(position);
-        sequences.push_back(sequence);
-        wants_logits.push_back(logits);
-    }
-    void clear() {
-        tokens.clear();
-        positions.clear();
-        sequences.clear();
-        wants_logits.clear();
-    }
-    size_t size() const { return tokens.size(); }
-};
+// ==== F SIMD KERNELS =================================================================================================
+// The AVX2 twin of dot_row_portable (section 04): the same sixteen lanes per token, as two 8-wide FMA accumulators;
+// bf16 and f16 weights are widened in registers. Compiled where the compiler targets AVX2+FMA+F16C (-march=native).
 
 namespace detail {
-
-// ---- The matmul kernel: one weight row against up to four activation rows ----
-// Each output's sum is built the same way whatever else is in the batch (two 8-wide accumulators over 16 columns at a
-// time, then a fixed-order tail), so a sequence's logits do not depend on its batch-mates: batch invariance.
 
 #ifdef INFER_HAVE_AVX2
 template <DType dtype>
@@ -4306,27 +6020,10 @@ inline float horizontal_sum(__m256 v) {
     sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
     return _mm_cvtss_f32(sum);
 }
-#endif
 
-template <DType dtype>
-inline float weight_at(const std::byte* row, size_t k) {
-    if constexpr (dtype == DType::F32) {
-        float value;
-        std::memcpy(&value, row + k * 4, 4);
-        return value;
-    } else {
-        uint16_t half;
-        std::memcpy(&half, row + k * 2, 2);
-        return dtype == DType::BF16 ? bf16_to_f32(half) : f16_to_f32(half);
-    }
-}
-
-// out[j * out_stride] = dot(row, x + j * x_stride) for j < NT.
 template <DType dtype, int NT>
-inline void dot_row(const std::byte* row, const float* x, size_t x_stride, size_t K, float* out, size_t out_stride) {
+inline void dot_row_avx2(const std::byte* row, const float* x, size_t x_stride, size_t K, float* out, size_t out_stride) {
     const size_t K16 = K / 16 * 16;
-    float sums[NT];
-#ifdef INFER_HAVE_AVX2
     __m256 acc_low[NT], acc_high[NT];
     for (int j = 0; j < NT; ++j) acc_low[j] = acc_high[j] = _mm256_setzero_ps();
     for (size_t k = 0; k < K16; k += 16) {
@@ -4337,1441 +6034,49 @@ inline void dot_row(const std::byte* row, const float* x, size_t x_stride, size_
             acc_high[j] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + j * x_stride + k + 8), acc_high[j]);
         }
     }
+    float sums[NT];
     for (int j = 0; j < NT; ++j) sums[j] = horizontal_sum(_mm256_add_ps(acc_low[j], acc_high[j]));
-#else
-    // The portable twin: sixteen lanes per token, which compilers turn into vector registers.
-    float lanes[NT][16] = {};
-    for (size_t k = 0; k < K16; k += 16)
-        for (int j = 0; j < NT; ++j)
-            for (int lane = 0; lane < 16; ++lane) lanes[j][lane] += weight_at<dtype>(row, k + lane) * x[j * x_stride + k + lane];
-    for (int j = 0; j < NT; ++j) {
-        float half[8];
-        for (int lane = 0; lane < 8; ++lane) half[lane] = lanes[j][lane] + lanes[j][lane + 8];
-        sums[j] = ((half[0] + half[4]) + (half[2] + half[6])) + ((half[1] + half[5]) + (half[3] + half[7]));
-    }
+    finish_row<dtype, NT>(row, x, x_stride, K16, K, sums, out, out_stride);
+}
 #endif
-    for (size_t k = K16; k < K; ++k) {
-        float w = weight_at<dtype>(row, k);
-        for (int j = 0; j < NT; ++j) sums[j] += w * x[j * x_stride + k];
-    }
-    for (int j = 0; j < NT; ++j) out[j * out_stride] = sums[j];
-}
-
-template <DType dtype>
-inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end) {
-    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
-    const size_t row_bytes = K * dtype_size(dtype);
-    constexpr size_t rows_per_tile = 16;  // 16 weight rows stay in L1/L2 while every token tile passes over them
-    for (size_t tile = row_begin; tile < row_end; tile += rows_per_tile) {
-        size_t tile_end = std::min(row_end, tile + rows_per_tile);
-        for (int t = 0; t < T; t += 4) {
-            int count = std::min(4, T - t);
-            const float* xt = x + static_cast<size_t>(t) * K;
-            for (size_t n = tile; n < tile_end; ++n) {
-                const std::byte* row = w.data + n * row_bytes;
-                float* o = out + static_cast<size_t>(t) * N + n;
-                switch (count) {
-                    case 4: dot_row<dtype, 4>(row, xt, K, K, o, N); break;
-                    case 3: dot_row<dtype, 3>(row, xt, K, K, o, N); break;
-                    case 2: dot_row<dtype, 2>(row, xt, K, K, o, N); break;
-                    default: dot_row<dtype, 1>(row, xt, K, K, o, N); break;
-                }
-            }
-        }
-    }
-}
-
-// One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
-struct Product {
-    const Tensor& w;
-    float* out;
-    const Tensor* bias = nullptr;
-};
-
-// Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
-// end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
-inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
-    size_t total_rows = 0;
-    for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
-    auto rows = [&](size_t begin, size_t end, int) {
-        size_t first_row = 0;  // of the current product, in the concatenated numbering
-        for (const Product& p : products) {
-            const size_t N = static_cast<size_t>(p.w.rows());
-            size_t from = std::max(begin, first_row), to = std::min(end, first_row + N);
-            if (from < to) {
-                from -= first_row;
-                to -= first_row;
-                switch (p.w.dtype) {
-                    case DType::F32: matmul_rows<DType::F32>(p.w, x, T, p.out, from, to); break;
-                    case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
-                    case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
-                }
-                if (p.bias && !p.bias->empty())
-                    for (int t = 0; t < T; ++t)
-                        for (size_t n = from; n < to; ++n) p.out[static_cast<size_t>(t) * N + n] += p.bias->at(static_cast<int64_t>(n));
-            }
-            first_row += N;
-        }
-    };
-    pool.run_sized(total_rows, total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T), rows);
-}
-
-// out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
-inline void rms_norm(const float* x, const Tensor& gain, size_t width, double eps, float* out) {
-    double sum_squares = 0;
-    for (size_t i = 0; i < width; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
-    float scale = static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
-    for (size_t i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
-}
-
-// The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
-inline std::vector<double> rope_inverse_frequencies(const Model& model) {
-    const ModelConfig& c = model.config;
-    const int half = c.head_dim / 2;
-    std::vector<double> inverse(half);
-    const RopeScaling& s = c.rope_scaling;
-    for (int i = 0; i < half; ++i) {
-        double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
-        if (!model.rope_freq_divisors.empty()) {
-            freq /= model.rope_freq_divisors[i];
-        } else if (s.kind == RopeScaling::Kind::Linear) {
-            freq /= s.factor;
-        } else if (s.kind == RopeScaling::Kind::Llama3) {
-            // Long wavelengths are stretched by `factor`, short ones kept, the band between blended smoothly.
-            double wavelength = 2 * M_PI / freq;
-            double low_wavelength = s.original_context / s.low_freq_factor;
-            double high_wavelength = s.original_context / s.high_freq_factor;
-            if (wavelength > low_wavelength) {
-                freq /= s.factor;
-            } else if (wavelength >= high_wavelength) {
-                double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-                freq = (1 - smooth) * freq / s.factor + smooth * freq;
-            }
-        }
-        inverse[i] = freq;
-    }
-    return inverse;
-}
-
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace detail
 
-// Runs batches through a model. Owns the scratch buffers, sized for the largest batch seen so far, so the steady
-// state allocates nothing per token.
-class ForwardPass {
-public:
-    ForwardPass(const Model& model, ThreadPool& pool)
-        : model_(model), pool_(pool), inverse_frequencies_(detail::rope_inverse_frequencies(model)) {}
+// ==== G RANDOM-WEIGHT MODELS =========================================================================================
+// Models with random weights and a known shape: the built-in demo model (so the first command works with nothing
+// downloaded) and `infer make-model` (a Hugging Face folder of any size, for benchmarks). Their output is meaningless;
+// their cost per token is exactly that of a trained model of the same shape. (chapter 02)
 
-    const Model& model() const { return model_; }
-
-    // Logits [rows, V] for the tokens whose wants_logits is set, in batch order.
-    std::span<const float> forward(const Batch& batch, KVCache& cache) {
-        const ModelConfig& c = model_.config;
-        const int T = static_cast<int>(batch.size());
-        if (T == 0) return {};
-        if (batch.positions.size() != batch.tokens.size() || batch.sequences.size() != batch.tokens.size() ||
-            batch.wants_logits.size() != batch.tokens.size())
-            fail("batch: tokens, positions, sequences and wants_logits differ in length");
-        const size_t D = c.dim, Dh = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, V = c.vocab_size;
-        const size_t q_width = H * Dh, kv_width = Hkv * Dh;
-        resize(static_cast<size_t>(T));
-
-        // Where each token's K/V go, and the cos/sin of its rotation (shared by all layers and heads).
-        int longest = 0;
-        for (int t = 0; t < T; ++t) {
-            int token = batch.tokens[t], position = batch.positions[t];
-            if (token < 0 || token >= c.vocab_size)
-                fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
-            if (position < 0 || position >= c.context_length)
-                fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
-            const std::vector<int>& table = cache.block_table(batch.sequences[t]);
-            if (static_cast<size_t>(position / cache.block_size()) >= table.size())
-                fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
-            slot_block_[t] = table[position / cache.block_size()];
-            slot_offset_[t] = position % cache.block_size();
-            longest = std::max(longest, position + 1);
-            for (size_t i = 0; i < Dh / 2; ++i) {
-                double angle = position * inverse_frequencies_[i];
-                rope_cos_[t * (Dh / 2) + i] = static_cast<float>(std::cos(angle));
-                rope_sin_[t * (Dh / 2) + i] = static_cast<float>(std::sin(angle));
-            }
-            model_.embedding.read_row(token, &x_[t * D]);
-        }
-        if (scores_.size() < static_cast<size_t>(pool_.size()) * longest) scores_.resize(static_cast<size_t>(pool_.size()) * longest);
-        // Attention's multiply-adds in one layer: each token reads Dh keys and Dh values per position it sees, per head.
-        size_t attention_work = 0;
-        for (int t = 0; t < T; ++t) attention_work += static_cast<size_t>(batch.positions[t] + 1) * H * Dh * 2;
-
-        for (int l = 0; l < c.n_layers; ++l) {
-            const LayerWeights& w = model_.layers[l];
-            // Attention block.
-            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
-                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
-            });
-            detail::matmul(pool_, xn_.data(), T, {{w.wq, q_.data(), &w.bq}, {w.wk, k_.data(), &w.bk}, {w.wv, v_.data(), &w.bv}});
-            pool_.run_sized(T, T * (H + Hkv) * Dh * 4, [&](size_t begin, size_t end, int) {
-                for (size_t t = begin; t < end; ++t) {
-                    for (size_t h = 0; h < H; ++h) position_heads(&q_[t * q_width + h * Dh], w.q_norm, t);
-                    for (size_t h = 0; h < Hkv; ++h) position_heads(&k_[t * kv_width + h * Dh], w.k_norm, t);
-                    std::memcpy(cache.key(l, slot_block_[t], slot_offset_[t]), &k_[t * kv_width], kv_width * sizeof(float));
-                    std::memcpy(cache.value(l, slot_block_[t], slot_offset_[t]), &v_[t * kv_width], kv_width * sizeof(float));
-                }
-            });
-            pool_.run_sized(static_cast<size_t>(T) * H, attention_work, [&](size_t begin, size_t end, int thread) {
-                for (size_t item = begin; item < end; ++item) attend(batch, cache, l, item / H, item % H, thread);
-            });
-            detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
-            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
-
-            // MLP block.
-            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
-                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
-            });
-            detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
-            for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
-            detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
-            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
-        }
-
-        // Final norm and the vocabulary projection, only for the rows someone will sample from.
-        int rows = 0;
-        for (int t = 0; t < T; ++t)
-            if (batch.wants_logits[t]) detail::rms_norm(&x_[t * D], model_.final_norm, D, c.norm_eps, &xn_[rows++ * D]);
-        if (logits_.size() < static_cast<size_t>(rows) * V) logits_.resize(static_cast<size_t>(rows) * V);
-        if (rows > 0) detail::matmul(pool_, xn_.data(), rows, {{model_.lm_head, logits_.data()}});
-        return {logits_.data(), static_cast<size_t>(rows) * V};
-    }
-
-private:
-    void resize(size_t T) {
-        const ModelConfig& c = model_.config;
-        if (T <= capacity_) return;
-        capacity_ = T;
-        const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim, kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
-        x_.resize(T * c.dim);                                              // [T, D] the residual stream
-        xn_.resize(T * std::max<size_t>(c.dim, 1));                        // [T, D] normed input / block output
-        q_.resize(T * q_width);                                            // [T, H, Dh]
-        k_.resize(T * kv_width);                                           // [T, Hkv, Dh]
-        v_.resize(T * kv_width);                                           // [T, Hkv, Dh]
-        attn_.resize(T * q_width);                                         // [T, H, Dh]
-        gate_.resize(T * c.ffn_dim);                                       // [T, F]
-        up_.resize(T * c.ffn_dim);                                         // [T, F]
-        rope_cos_.resize(T * c.head_dim / 2);                              // [T, Dh/2]
-        rope_sin_.resize(T * c.head_dim / 2);                              // [T, Dh/2]
-        slot_block_.resize(T);
-        slot_offset_.resize(T);
-    }
-
-    // Per-head RMSNorm (qwen3), then the rotation by this token's position.
-    void position_heads(float* head, const Tensor& norm, size_t t) {
-        const ModelConfig& c = model_.config;
-        const size_t Dh = c.head_dim, half = Dh / 2;
-        if (!norm.empty()) detail::rms_norm(head, norm, Dh, c.norm_eps, head);
-        const float* cos = &rope_cos_[t * half];
-        const float* sin = &rope_sin_[t * half];
-        for (size_t i = 0; i < half; ++i) {
-            size_t a = c.rope_style == RopeStyle::HalfRotation ? i : 2 * i;
-            size_t b = c.rope_style == RopeStyle::HalfRotation ? i + half : 2 * i + 1;
-            float x0 = head[a], x1 = head[b];
-            head[a] = x0 * cos[i] - x1 * sin[i];
-            head[b] = x0 * sin[i] + x1 * cos[i];
-        }
-    }
-
-    // One query head of one token over its sequence's cached keys and values.
-    void attend(const Batch& batch, const KVCache& cache, int layer, size_t t, size_t h, int thread) {
-        const ModelConfig& c = model_.config;
-        const size_t Dh = c.head_dim, q_width = static_cast<size_t>(c.n_heads) * Dh;
-        const size_t kv_head = h / static_cast<size_t>(c.n_heads / c.n_kv_heads);
-        const int position = batch.positions[t];
-        const int first = c.sliding_window > 0 ? std::max(0, position - c.sliding_window + 1) : 0;
-        const std::vector<int>& table = cache.block_table(batch.sequences[t]);
-        const int B = cache.block_size();
-        const float* q = &q_[t * q_width + h * Dh];
-        float* scores = &scores_[static_cast<size_t>(thread) * (scores_.size() / pool_.size())];
-        const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int p = first; p <= position; ++p) {
-            const float* key = cache.key(layer, table[p / B], p % B) + kv_head * Dh;
-            float dot = 0;
-            for (size_t i = 0; i < Dh; ++i) dot += q[i] * key[i];
-            scores[p] = dot * scale;
-            max_score = std::max(max_score, scores[p]);
-        }
-        float total = 0;
-        for (int p = first; p <= position; ++p) {
-            scores[p] = std::exp(scores[p] - max_score);
-            total += scores[p];
-        }
-        float* out = &attn_[t * q_width + h * Dh];
-        std::fill(out, out + Dh, 0.0f);
-        for (int p = first; p <= position; ++p) {
-            const float* value = cache.value(layer, table[p / B], p % B) + kv_head * Dh;
-            float weight = scores[p] / total;
-            for (size_t i = 0; i < Dh; ++i) out[i] += weight * value[i];
-        }
-    }
-
-    const Model& model_;
-    ThreadPool& pool_;
-    std::vector<double> inverse_frequencies_;  // [Dh/2]
-    size_t capacity_ = 0;
-    std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_, scores_, logits_;
-    std::vector<int> slot_block_, slot_offset_;
+// One tensor to write with save_safetensors.
+struct TensorData {
+    std::string name;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> bytes;
 };
 
-// =====================================================================================================================
-// 5b. DEVICE — where the forward pass runs: the CPU code above, or the CUDA kernels of infer_cuda.cu (a build with
-//     nvcc defines INFER_CUDA and links them). Both take the same Batch and the same KVCache (it keeps the block tables;
-//     on the GPU the keys and values live in device memory in the same [L, num_blocks, B, Hkv, Dh] layout) and give
-//     the same logits [rows, V] in host memory, so the sampler, scheduler, engine and server do not know which ran.
-//     Decode streams every weight once per step (memory-bound: it should run near the card's copy bandwidth); prefill
-//     is matrix-matrix work (compute-bound: near the tensor-core rate).  (chapter 07)
-// =====================================================================================================================
-
-enum class Device { Cpu, Cuda };
-
-inline const char* device_name(Device device) { return device == Device::Cuda ? "cuda" : "cpu"; }
-
-// "cpu" or "cuda" (as --device takes them).
-inline Device parse_device(std::string_view text) {
-    if (text == "cpu") return Device::Cpu;
-    if (text == "cuda") return Device::Cuda;
-    fail("unknown device '", text, "': expected cpu or cuda");
+inline void save_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors) {
+    std::ostringstream header;
+    header << "{\"__metadata__\":{\"format\":\"pt\"}";
+    uint64_t offset = 0;
+    for (const TensorData& t : tensors) {
+        header << ',';
+        detail::write_json_string(header, t.name);
+        header << ":{\"dtype\":\"" << dtype_name(t.dtype) << "\",\"shape\":" << shape_string(t.shape)
+               << ",\"data_offsets\":[" << offset << ',' << offset + t.bytes.size() << "]}";
+        offset += t.bytes.size();
+    }
+    header << '}';
+    std::string text = header.str();
+    while ((text.size() + 8) % 8 != 0) text += ' ';  // the format pads the header so the data starts aligned
+    std::ofstream out(path, std::ios::binary);
+    if (!out) fail(path.string(), ": cannot create");
+    uint64_t length = text.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xFF));
+    out << text;
+    for (const TensorData& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+    if (!out) fail(path.string(), ": write failed");
 }
-
-// Settings of the CUDA forward pass (the CPU ignores them).
-struct CudaOptions {
-    enum class Matmul { Cublas, Tiled };
-    Matmul matmul = Matmul::Cublas;  // products of more than vector_rows rows: cuBLAS (fast) or the readable wmma kernel
-    int vector_rows = 8;             // products of at most this many rows: the matrix-vector kernel, activations in f32
-    int prefill_attention_rows = 16; // runs of at least this many tokens of one sequence: the tiled prefill attention
-    bool graphs = true;              // replay decode steps from CUDA graphs, one per batch-size bucket
-    int device = 0;                  // the CUDA device's ordinal
-};
-
-#ifdef INFER_CUDA
-// Implemented in infer_cuda.cu; declared here so the header stays standard-library-only.
-namespace cuda {
-
-bool device_available(std::string* why = nullptr);  // false (and why) when no CUDA device can be used
-std::string device_description(int device = 0);     // "NVIDIA H200, 132 SMs, 139 GiB, sm_90"
-double measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int repeats = 20);  // bytes/s, read + written
-double measure_bf16_matmul_rate(int n = 8192, int repeats = 20);                  // flop/s of cuBLAS bf16, f32 sums
-
-// The forward pass on the GPU: ForwardPass's interface, weights uploaded once at construction.
-class ForwardPass {
-public:
-    explicit ForwardPass(const Model& model, CudaOptions options = {});
-    ~ForwardPass();
-    ForwardPass(const ForwardPass&) = delete;
-    ForwardPass& operator=(const ForwardPass&) = delete;
-
-    const Model& model() const;
-    // Logits [rows, V] (host memory, valid until the next call) for the tokens whose wants_logits is set.
-    std::span<const float> forward(const Batch& batch, KVCache& cache);
-
-    struct State;  // device buffers, cuBLAS, graphs (infer_cuda.cu)
-
-private:
-    std::unique_ptr<State> state_;
-};
-
-// Each kernel alone on host data, so the tests can hold it against its CPU twin.
-namespace kernels {
-enum class MatmulKernel { Vector, Tiled, Cublas };
-std::vector<float> embedding(const Tensor& table, const std::vector<int>& ids);                        // [T, D]
-// x [T, D] += add (if not empty), returns rms_norm(x) · gain [T, D]
-std::vector<float> add_rms_norm(std::vector<float>& x, const std::vector<float>& add, const Tensor& gain, int D, double eps);
-// x [T, heads, Dh]: per-head norm (if `norm` is not empty), then RoPE with cos/sin [T, Dh/2]
-std::vector<float> rope(const std::vector<float>& x, int heads, int Dh, const Tensor& norm, double eps,
-                        const std::vector<float>& cos, const std::vector<float>& sin, RopeStyle style);
-// k, v [T, width] into pools of `pool_slots` slots; returns the key pool then the value pool, [2, pool_slots, width]
-std::vector<float> write_kv(const std::vector<float>& k, const std::vector<float>& v, const std::vector<int>& slots,
-                            int width, int pool_slots);
-std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, const Tensor* bias, MatmulKernel kernel);
-// q [T, H, Dh] over the keys and values `cache` holds (host) for `layer`: [T, H, Dh]
-std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, int layer, const Batch& batch,
-                             const ModelConfig& config, bool prefill_kernel);
-std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
-}  // namespace kernels
-
-}  // namespace cuda
-#endif
-
-inline bool cuda_compiled() {
-#ifdef INFER_CUDA
-    return true;
-#else
-    return false;
-#endif
-}
-
-// Whether --device cuda can run here; `why` says what is missing when not.
-inline bool cuda_available(std::string* why = nullptr) {
-#ifdef INFER_CUDA
-    return cuda::device_available(why);
-#else
-    if (why) *why = "this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)";
-    return false;
-#endif
-}
-
-// One forward pass on the chosen device: what the Engine holds. The CPU path is the ForwardPass above, untouched (one
-// predictable branch per step); the CUDA one is built only when asked for, and asking without it is an error.
-class DeviceForwardPass {
-public:
-    DeviceForwardPass(const Model& model, ThreadPool& pool, Device device = Device::Cpu, CudaOptions options = {})
-        : cpu_(model, pool), device_(device) {
-        if (device == Device::Cuda) {
-#ifdef INFER_CUDA
-            cuda_ = std::make_unique<cuda::ForwardPass>(model, options);
-#else
-            (void)options;
-            fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");
-#endif
-        }
-    }
-
-    Device device() const { return device_; }
-    const Model& model() const { return cpu_.model(); }
-
-    std::span<const float> forward(const Batch& batch, KVCache& cache) {
-#ifdef INFER_CUDA
-        if (cuda_) return cuda_->forward(batch, cache);
-#endif
-        return cpu_.forward(batch, cache);
-    }
-
-private:
-    ForwardPass cpu_;
-    Device device_;
-#ifdef INFER_CUDA
-    std::unique_ptr<cuda::ForwardPass> cuda_;
-#endif
-};
-
-// =====================================================================================================================
-// 6. SAMPLER — logits to one token id. Penalties first (they change the logits), then temperature: 0 is greedy
-//    (argmax, ties to the lowest id); above 0 the logits are divided by it, then top-k, top-p and min-p trim the
-//    candidates and a seeded generator draws from what is left. Cost: one pass over V, a sort only when top-p needs
-//    one; microseconds next to the forward pass.  (chapter 04)
-// =====================================================================================================================
-
-struct SamplingParams {
-    float temperature = 1.0f;         // 0: greedy
-    int top_k = 0;                    // 0: off
-    float top_p = 1.0f;               // 1: off
-    float min_p = 0.0f;               // 0: off
-    float repetition_penalty = 1.0f;  // 1: off; >1 discourages every token seen in the prompt or the output
-    float presence_penalty = 0.0f;    // OpenAI's: subtracted once from every token already generated
-    float frequency_penalty = 0.0f;   // OpenAI's: subtracted per occurrence in the generated text
-    std::optional<uint64_t> seed;     // unset: a random seed (reported so the run can be repeated)
-    int max_tokens = 256;
-    bool ignore_eos = false;
-    int logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the k likeliest (OpenAI, vLLM)
-
-    // Rejects values no sampler can honour, naming the parameter.
-    void validate() const {
-        auto bad = [](const char* name, double value, const char* rule) {
-            fail("invalid sampling parameter ", name, " = ", value, ": ", rule);
-        };
-        if (!(temperature >= 0) || !std::isfinite(temperature)) bad("temperature", temperature, "must be a finite number >= 0");
-        if (top_k < 0) bad("top_k", top_k, "must be >= 0 (0 turns it off)");
-        if (!(top_p > 0 && top_p <= 1)) bad("top_p", top_p, "must be in (0, 1]");
-        if (!(min_p >= 0 && min_p <= 1)) bad("min_p", min_p, "must be in [0, 1]");
-        if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty))
-            bad("repetition_penalty", repetition_penalty, "must be a finite number > 0 (1 turns it off)");
-        if (!(presence_penalty >= -2 && presence_penalty <= 2)) bad("presence_penalty", presence_penalty, "must be in [-2, 2]");
-        if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) bad("frequency_penalty", frequency_penalty, "must be in [-2, 2]");
-        if (max_tokens < 0) bad("max_tokens", max_tokens, "must be >= 0");
-        if (logprobs < -1 || logprobs > max_logprobs) bad("logprobs", logprobs, "must be in [0, 20] (-1 turns it off)");
-    }
-    static constexpr int max_logprobs = 20;
-};
-
-// A sampled token's log-probability under the model's own distribution (log-softmax of the raw logits, before
-// penalties, temperature and truncation, as vLLM reports by default), and the `top` likeliest ids with theirs.
-struct TokenLogprob {
-    int id = 0;
-    float logprob = 0;
-    std::vector<std::pair<int, float>> top;  // likeliest first
-};
-
-inline TokenLogprob token_logprob(std::span<const float> logits, int id, int top) {
-    double max = -std::numeric_limits<double>::infinity();
-    for (float l : logits) max = std::max(max, static_cast<double>(l));
-    double sum = 0;
-    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
-    const double log_total = max + std::log(sum);
-    TokenLogprob result;
-    result.id = id;
-    result.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
-    std::vector<int> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int a, int b) {
-        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) result.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_total));
-    return result;
-}
-
-class Sampler {
-public:
-    Sampler(const SamplingParams& params, int vocab_size) : params_(params), counts_(static_cast<size_t>(vocab_size), 0) {
-        params_.validate();
-        seed_ = params.seed ? *params.seed : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}());
-        // xoshiro256** seeded through splitmix64: the same seed gives the same stream on every platform, which
-        // std::mt19937 + std::uniform_real_distribution does not promise.
-        uint64_t state = seed_;
-        for (auto& word : rng_) {
-            state += 0x9E3779B97F4A7C15ull;
-            uint64_t z = state;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            word = z ^ (z >> 31);
-        }
-    }
-
-    uint64_t seed() const { return seed_; }
-
-    // The prompt, for the repetition penalty; call once before sampling.
-    void set_prompt(std::span<const int> prompt) {
-        for (int id : prompt)
-            if (id >= 0 && static_cast<size_t>(id) < counts_.size()) seen_in_prompt_.push_back(id);
-    }
-    // Each generated token, for the penalties.
-    void accept(int id) {
-        if (id >= 0 && static_cast<size_t>(id) < counts_.size()) {
-            if (counts_[id]++ == 0) generated_.push_back(id);
-        }
-    }
-
-    // Picks the next token. `logits` [V] is modified in place.
-    int sample(std::span<float> logits) {
-        apply_penalties(logits);
-        const int V = static_cast<int>(logits.size());
-        if (params_.temperature == 0) {
-            int best = 0;
-            for (int i = 1; i < V; ++i)
-                if (logits[i] > logits[best]) best = i;
-            return best;
-        }
-        candidates_.resize(static_cast<size_t>(V));
-        for (int i = 0; i < V; ++i) candidates_[i] = {logits[i] / params_.temperature, i};
-        auto higher = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-        size_t kept = candidates_.size();
-        if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept) {
-            std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), higher);
-            kept = static_cast<size_t>(params_.top_k);
-        }
-        std::sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(kept), higher);
-        // Softmax over the survivors (the largest logit is first).
-        double total = 0;
-        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability = std::exp(candidates_[i].logit - candidates_[0].logit);
-        if (params_.top_p < 1) {  // the smallest head of the distribution whose mass reaches top_p
-            double mass = 0;
-            size_t i = 0;
-            while (i < kept && mass < params_.top_p * total) mass += candidates_[i++].probability;
-            kept = std::max<size_t>(1, i);
-        }
-        if (params_.min_p > 0) {  // drop tokens less likely than min_p × the most likely one
-            size_t i = 1;
-            while (i < kept && candidates_[i].probability >= params_.min_p * candidates_[0].probability) ++i;
-            kept = i;
-        }
-        total = 0;
-        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability;
-        double target = uniform() * total;
-        for (size_t i = 0; i < kept; ++i) {
-            target -= candidates_[i].probability;
-            if (target < 0) return candidates_[i].id;
-        }
-        return candidates_[kept - 1].id;
-    }
-
-private:
-    struct Candidate {
-        float logit;
-        int id;
-        double probability = 0;
-    };
-
-    void apply_penalties(std::span<float> logits) {
-        if (params_.repetition_penalty != 1.0f) {  // as Hugging Face and vLLM: shrink positive logits, grow negative
-            auto penalize = [&](int id) {
-                float& logit = logits[id];
-                logit = logit > 0 ? logit / params_.repetition_penalty : logit * params_.repetition_penalty;
-            };
-            std::vector<char>& done = penalized_;
-            done.assign(logits.size(), 0);
-            for (int id : seen_in_prompt_)
-                if (!done[id]++) penalize(id);
-            for (int id : generated_)
-                if (!done[id]++) penalize(id);
-        }
-        if (params_.presence_penalty != 0 || params_.frequency_penalty != 0)
-            for (int id : generated_)
-                logits[id] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(counts_[id]);
-    }
-
-    double uniform() {  // [0, 1) from the top 53 bits of xoshiro256**
-        auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
-        uint64_t result = rotl(rng_[1] * 5, 7) * 9;
-        uint64_t t = rng_[1] << 17;
-        rng_[2] ^= rng_[0];
-        rng_[3] ^= rng_[1];
-        rng_[1] ^= rng_[2];
-        rng_[0] ^= rng_[3];
-        rng_[2] ^= t;
-        rng_[3] = rotl(rng_[3], 45);
-        return static_cast<double>(result >> 11) * 0x1.0p-53;
-    }
-
-    SamplingParams params_;
-    uint64_t seed_ = 0;
-    std::array<uint64_t, 4> rng_{};
-    std::vector<int> counts_;          // [V] occurrences in the generated text
-    std::vector<int> generated_;       // distinct generated ids
-    std::vector<int> seen_in_prompt_;  // prompt ids
-    std::vector<char> penalized_;      // [V] scratch
-    std::vector<Candidate> candidates_;
-};
-
-// =====================================================================================================================
-// 7. GENERATION — one request end to end: tokenize, prefill the prompt in one forward call, then decode one token per
-//    step until EOS, max_tokens or the context runs out, streaming text as it completes. Every layer is timed, so a
-//    user sees where the time went (chapter 01). The engine layer later runs many of these at once.
-// =====================================================================================================================
-
-struct GenerationResult {
-    std::vector<int> prompt_ids;
-    std::vector<int> generated_ids;
-    std::string text;           // the generated text (without the prompt)
-    std::string finish_reason;  // "stop" (EOS) or "length" (max_tokens or the context)
-    uint64_t seed = 0;
-    LayerTimes times;
-};
-
-// Whether tokenizer_for(model) has a tokenizer to give.
-inline bool has_tokenizer(const Model& model) {
-    if (model.format == "safetensors") return std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json");
-    return !model.vocab.empty();
-}
-
-// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
-// llama2.c's tokenizer.bin. A Hugging Face folder's is read from disk on each call: keep the result.
-inline Tokenizer tokenizer_for(const Model& model) {
-    if (model.format == "safetensors") {
-        if (!has_tokenizer(model))
-            fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
-        return load_tokenizer(model.source);
-    }
-    if (model.vocab.empty() && model.format == "llama2.c")
-        fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
-                     "the default is tokenizer.bin beside the model), or pass token ids instead");
-    if (model.vocab.empty())
-        fail(model.source, ": no vocabulary to tokenize text with (",
-                     model.vocab.model.empty() ? std::string("no tokenizer.ggml.model")
-                                               : "unsupported tokenizer.ggml.model \"" + model.vocab.model + "\"",
-                     "); pass token ids instead");
-    return detail::TokenizerBuilder::from_vocabulary(model.vocab, model.config.bos_id, model.config.eos_ids, model.source);
-}
-
-// Generates from prompt ids; on_text receives the text as it completes (may be empty to skip streaming).
-// `tokenizer` streams the text (nullptr: the model's own, when it has one; without one only ids come out).
-inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, std::vector<int> prompt_ids,
-                                          const SamplingParams& params, const std::function<void(std::string_view)>& on_text = {},
-                                          const Tokenizer* tokenizer = nullptr) {
-    const ModelConfig& c = model.config;
-    GenerationResult result;
-    result.prompt_ids = std::move(prompt_ids);
-    const int prompt_length = static_cast<int>(result.prompt_ids.size());
-    if (prompt_length == 0) fail("the prompt is empty: nothing to condition on (add BOS or some text)");
-    if (prompt_length >= c.context_length)
-        fail("the prompt is ", prompt_length, " tokens, but the model's context holds ", c.context_length,
-                     " (", model.source, "); shorten the prompt");
-    Sampler sampler(params, c.vocab_size);
-    result.seed = sampler.seed();
-    sampler.set_prompt(result.prompt_ids);
-
-    const int total = std::min(c.context_length, prompt_length + params.max_tokens);
-    KVCache cache(c, (total + 15) / 16, 16);
-    cache.reserve(0, total);
-    ForwardPass forward(model, pool);
-    std::optional<Tokenizer> own_tokenizer;
-    if (!tokenizer && has_tokenizer(model)) tokenizer = &own_tokenizer.emplace(tokenizer_for(model));
-    std::optional<TextStream> stream;
-    if (tokenizer) stream.emplace(*tokenizer, result.prompt_ids.back());
-    // Stop at the model's EOS ids and at the tokenizer's (a chat model's end-of-turn token, e.g. <|im_end|>), as vLLM.
-    std::vector<int> stop_ids = c.eos_ids;
-    if (tokenizer) stop_ids.insert(stop_ids.end(), tokenizer->eos_ids().begin(), tokenizer->eos_ids().end());
-
-    Batch batch;
-    for (int i = 0; i < prompt_length; ++i) batch.add(result.prompt_ids[i], i, 0, i == prompt_length - 1);
-    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
-    result.finish_reason = "length";
-    // Stops at max_tokens or when prompt + output fill the context (the model knows no later positions).
-    for (int position = prompt_length; position < total; ++position) {
-        Stopwatch clock;
-        std::span<const float> row = forward.forward(batch, cache);
-        (position == prompt_length ? result.times.prefill : result.times.decode) += clock.seconds();
-        clock.restart();
-        logits.assign(row.begin(), row.end());
-        int next = sampler.sample(logits);
-        result.times.sample += clock.seconds();
-        if (!params.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
-            result.finish_reason = "stop";
-            break;
-        }
-        sampler.accept(next);
-        result.generated_ids.push_back(next);
-        if (stream) {
-            clock.restart();
-            std::string piece = stream->push(next);
-            result.times.detokenize += clock.seconds();
-            result.text += piece;
-            if (on_text && !piece.empty()) on_text(piece);
-        }
-        batch.clear();
-        batch.add(next, position, 0, true);
-    }
-    if (stream) {
-        std::string rest = stream->finish();
-        result.text += rest;
-        if (on_text && !rest.empty()) on_text(rest);
-    }
-    return result;
-}
-
-// Generates from text: tokenizes with the model's vocabulary (BOS first when the vocabulary asks for it).
-inline GenerationResult generate(const Model& model, ThreadPool& pool, std::string_view prompt, const SamplingParams& params,
-                                 const std::function<void(std::string_view)>& on_text = {}) {
-    Stopwatch clock;
-    Tokenizer tokenizer = tokenizer_for(model);
-    std::vector<int> ids = tokenizer.encode(prompt);
-    double tokenize_seconds = clock.seconds();
-    GenerationResult result = generate_from_ids(model, pool, std::move(ids), params, on_text, &tokenizer);
-    result.times.tokenize = tokenize_seconds;
-    return result;
-}
-
-// =====================================================================================================================
-// 8. SCHEDULER — which tokens go into the next forward pass. Continuous batching (Orca, vLLM, nano-vllm): every step
-//    first gives each running sequence its one decode token, then fills what is left of the token budget with prefill
-//    chunks of sequences still reading their prompt (chunked prefill), admitting waiting requests first come, first
-//    served. When the KV pool runs dry the most recently admitted sequence is preempted: its blocks are released and it
-//    waits again, to recompute its prompt and output later (the prefix cache often makes that cheap). The static
-//    policy, the baseline, admits a batch and runs it to the end before admitting more. Cost: O(sequences) per step,
-//    nothing next to the forward pass.  (chapter 06)
-// =====================================================================================================================
-
-enum class SchedulePolicy { Continuous, Static };
-
-struct SchedulerConfig {
-    SchedulePolicy policy = SchedulePolicy::Continuous;
-    int max_batch_tokens = 512;  // tokens per forward pass: bounds a step's latency (and the activations' memory)
-    int max_seqs = 64;           // sequences running at once
-};
-
-// One request's tokens as the scheduler sees them: the ids so far (prompt, then output) and how many of them have
-// their K/V in the cache. tokens.size() - computed == 1 is a decode; more is (the rest of) a prefill.
-struct Sequence {
-    int id = 0;
-    std::vector<int> tokens;
-    int prompt_length = 0;
-    int computed = 0;
-    int cached_tokens = 0;  // prefix-cache hits at the last admission
-    int preemptions = 0;
-    int remaining() const { return static_cast<int>(tokens.size()) - computed; }
-};
-
-// A run of one sequence's tokens in this step's batch: tokens[start, start + count). `sample` is set when the run
-// reaches the sequence's last token, so its logits pick the next one.
-struct ScheduledChunk {
-    Sequence* sequence;
-    int start, count;
-    bool sample;
-};
-
-struct SchedulePlan {
-    std::vector<ScheduledChunk> chunks;
-    int prefill_tokens = 0, decode_tokens = 0;
-    int preemptions = 0;
-    int prefix_hit_tokens = 0;  // tokens admitted sequences found in the prefix cache
-};
-
-class Scheduler {
-public:
-    explicit Scheduler(SchedulerConfig config) : config_(config) {
-        if (config.max_batch_tokens <= 0) fail("scheduler: max_batch_tokens must be positive, found ", config.max_batch_tokens);
-        if (config.max_seqs <= 0) fail("scheduler: max_seqs must be positive, found ", config.max_seqs);
-    }
-
-    const SchedulerConfig& config() const { return config_; }
-    void add(Sequence* sequence) { waiting_.push_back(sequence); }
-    bool empty() const { return waiting_.empty() && running_.empty(); }
-    size_t waiting_count() const { return waiting_.size(); }
-    size_t running_count() const { return running_.size(); }
-
-    // Forgets a finished or cancelled sequence (its blocks are the caller's to release).
-    void remove(const Sequence* sequence) {
-        std::erase(running_, sequence);
-        std::erase(waiting_, sequence);
-    }
-
-    SchedulePlan schedule(KVCache& cache) {
-        SchedulePlan plan;
-        int budget = config_.max_batch_tokens;
-        // Decode tokens first: a running sequence waits at most one step for its next token. Then the partial prefills.
-        for (int pass = 0; pass < 2; ++pass) {
-            for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-                Sequence* s = running_[i];
-                if ((pass == 0) != (s->remaining() == 1) || planned(plan, s)) continue;
-                int count = std::min(s->remaining(), budget);
-                if (!make_room(cache, plan, budget, s, s->computed + count)) continue;  // s itself was preempted
-                budget -= count;
-                add_chunk(plan, s, count);
-                i = index_of(s);  // preemptions may have shifted the list
-            }
-        }
-        // Admissions. Continuous: while the budget lasts. Static: only into an empty batch, then that batch runs to
-        // its end (its members get prefill chunks in later steps if this one's budget is spent).
-        const bool admit = config_.policy == SchedulePolicy::Continuous || running_.empty();
-        while (admit && !waiting_.empty() && static_cast<int>(running_.size()) < config_.max_seqs &&
-               (budget > 0 || config_.policy == SchedulePolicy::Static)) {
-            Sequence* s = waiting_.front();
-            int hit = cache.match_prefix(s->id, s->tokens);
-            s->computed = hit;
-            int count = std::min(s->remaining(), budget);
-            // A new sequence never preempts a running one: if its blocks are not there, it waits (first come, first
-            // served: nobody behind it jumps the queue).
-            if (!cache.reserve(s->id, s->computed + count)) {
-                cache.release(s->id);
-                s->computed = 0;
-                break;
-            }
-            waiting_.pop_front();
-            running_.push_back(s);
-            s->cached_tokens = hit;
-            plan.prefix_hit_tokens += hit;
-            if (count > 0) {
-                budget -= count;
-                add_chunk(plan, s, count);
-            }
-        }
-        return plan;
-    }
-
-private:
-    static bool planned(const SchedulePlan& plan, const Sequence* s) {
-        return std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) { return c.sequence == s; });
-    }
-    size_t index_of(const Sequence* s) const {
-        return static_cast<size_t>(std::find(running_.begin(), running_.end(), s) - running_.begin());
-    }
-
-    void add_chunk(SchedulePlan& plan, Sequence* s, int count) {
-        bool sample = s->computed + count == static_cast<int>(s->tokens.size());
-        plan.chunks.push_back({s, s->computed, count, sample});
-        (s->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) += count;
-    }
-
-    // Reserves blocks for s up to n_tokens, preempting the most recently admitted sequences until they fit. Returns
-    // false when s itself had to go.
-    bool make_room(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* s, int n_tokens) {
-        while (!cache.reserve(s->id, n_tokens)) {
-            Sequence* victim = running_.back();
-            preempt(cache, plan, budget, victim);
-            if (victim == s) return false;
-        }
-        return true;
-    }
-
-    void preempt(KVCache& cache, SchedulePlan& plan, int& budget, Sequence* victim) {
-        // A victim already planned this step gives its tokens back.
-        for (auto it = plan.chunks.begin(); it != plan.chunks.end(); ++it) {
-            if (it->sequence != victim) continue;
-            budget += it->count;
-            (victim->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) -= it->count;
-            plan.chunks.erase(it);
-            break;
-        }
-        std::erase(running_, victim);
-        cache.release(victim->id);
-        victim->computed = 0;
-        ++victim->preemptions;
-        ++plan.preemptions;
-        waiting_.push_front(victim);  // first in line again: it was admitted before everyone still waiting
-    }
-
-    SchedulerConfig config_;
-    std::deque<Sequence*> waiting_;
-    std::vector<Sequence*> running_;  // in admission order: the back is preempted first
-};
-
-// =====================================================================================================================
-// 9. ENGINE — many requests at once. add_request() queues one; each step() asks the scheduler for a batch, runs one
-//    forward pass over it, samples each sequence that reached its last token with that request's own sampler, turns
-//    the ids into text (holding back what could be the start of a stop string) and returns what happened as events.
-//    A forward pass over 64 decode tokens reads the weights once, as one token does: decode throughput grows with the
-//    batch until the matmuls turn compute-bound. EngineLoop runs step() on its own thread for callers on others.
-//    (chapter 06, chapter 08)
-// =====================================================================================================================
-
-struct EngineConfig {
-    SchedulerConfig scheduler;
-    int block_size = 16;
-    int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
-    size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
-    bool prefix_caching = true;
-    Device device = Device::Cpu;   // where the forward pass runs (section 5b); the rest of the engine is the same
-    CudaOptions cuda;              // with Device::Cuda
-};
-
-// What one step did to one request: the ids it produced, the text they completed, and whether it finished.
-struct Event {
-    int request_id = 0;
-    std::vector<int> token_ids;  // new ids (a stop id is not among them)
-    std::vector<TokenLogprob> logprobs;  // one per id in token_ids, when the request asked for them
-    std::string text;            // new text (held-back text comes later, or never if it turns out to be a stop string)
-    bool finished = false;
-    std::string finish_reason;   // when finished: "stop", "length", "cancelled" or "error"
-    std::string error;           // when finish_reason is "error": why
-};
-
-// Where one request's time went, in seconds: waiting (in the queue, or running but left out of a step), and its share
-// of the steps it was part of. A step is attributed whole to each of its requests, since each waits for all of it; its
-// forward time counts as prefill until the request's first token and as decode after. The parts sum to finished -
-// arrival, so a benchmark can name the layer that dominates.
-struct RequestBreakdown {
-    double queue = 0, schedule = 0, prefill = 0, decode = 0, sample = 0, detokenize = 0;
-    double total() const { return queue + schedule + prefill + decode + sample + detokenize; }
-};
-
-// Times in seconds since the engine was made (steady clock).
-struct RequestTimes {
-    double arrival = -1, first_scheduled = -1, first_token = -1, finished = -1;
-    std::vector<double> token_times;  // [generated] when each id was sampled
-    RequestBreakdown breakdown;
-};
-
-struct RequestResult {
-    int id = 0;
-    std::vector<int> prompt_ids, generated_ids;
-    std::vector<TokenLogprob> logprobs;  // one per generated id, when the request asked for them
-    std::string text;            // the output text, ending before a matched stop string
-    std::string finish_reason;   // "stop", "length", "cancelled" or "error"
-    std::string error;
-    uint64_t seed = 0;
-    int cached_tokens = 0;       // prompt tokens found in the prefix cache at the last admission
-    int preemptions = 0;
-    RequestTimes times;
-};
-
-// What one step cost and what the pool looked like after it.
-struct StepStats {
-    double start = 0, schedule = 0, forward = 0, sample = 0, detokenize = 0;  // start: seconds since the engine began
-    int prefill_tokens = 0, decode_tokens = 0, sequences = 0, preemptions = 0, prefix_hit_tokens = 0;
-    int blocks_used = 0, blocks_free = 0, blocks_cached = 0;
-};
-
-// Totals over the engine's life, for a summary line.
-struct EngineTotals {
-    int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0, prompt_tokens = 0, prefix_hit_tokens = 0;
-};
-
-class Engine {
-public:
-    // `tokenizer` streams text and encodes string prompts (nullptr: the model's own, when it has one; without one
-    // only ids come out, and stop strings are refused).
-    Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
-        : model_(model), config_(config), forward_(model, pool, config.device, config.cuda), scheduler_(config.scheduler),
-          cache_(model.config, pool_blocks(model.config, config), config.block_size) {
-        cache_.set_prefix_caching(config.prefix_caching);
-        if (tokenizer) tokenizer_ = *tokenizer;
-        else if (has_tokenizer(model)) tokenizer_ = tokenizer_for(model);
-        stop_ids_ = model.config.eos_ids;
-        if (tokenizer_) stop_ids_.insert(stop_ids_.end(), tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end());
-        logits_.resize(static_cast<size_t>(model.config.vocab_size));
-    }
-
-    const KVCache& cache() const { return cache_; }
-    int waiting_count() const { return static_cast<int>(scheduler_.waiting_count()); }  // queued, not yet admitted
-    int running_count() const { return static_cast<int>(scheduler_.running_count()); }  // in the running batch
-    const EngineConfig& config() const { return config_; }
-    const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
-
-    // Queues a request and returns its id. A request that can never run (empty prompt, prompt + max_tokens beyond the
-    // context, more blocks than the whole pool, a bad parameter) is not thrown back: the next step() reports it as an
-    // "error" event whose message names the sizes, as a server answers one bad request without stopping.
-    int add_request(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop = {}) {
-        auto request = std::make_unique<Request>();
-        Request& r = *request;
-        r.seq.id = next_id_++;
-        r.seq.prompt_length = static_cast<int>(prompt_ids.size());
-        r.seq.tokens = std::move(prompt_ids);
-        r.params = params;
-        r.stop = std::move(stop);
-        r.times.arrival = r.accounted_until = now();
-        std::string problem = check(r);
-        if (problem.empty()) {
-            r.sampler.emplace(params, model_.config.vocab_size);
-            r.sampler->set_prompt(r.seq.tokens);
-            if (tokenizer_) r.stream.emplace(*tokenizer_, r.seq.tokens.back());
-            totals_.prompt_tokens += r.seq.prompt_length;
-        }
-        const int id = r.seq.id;
-        requests_[id] = std::move(request);
-        if (!problem.empty()) finish_later(id, "error", problem);
-        else if (params.max_tokens == 0) finish_later(id, "length", "");
-        else scheduler_.add(&requests_[id]->seq);
-        return id;
-    }
-    // Text prompts are encoded with the engine's tokenizer (BOS as the tokenizer adds it).
-    int add_request(std::string_view prompt, const SamplingParams& params, std::vector<std::string> stop = {}) {
-        if (!tokenizer_) fail(model_.source, ": the engine has no tokenizer to encode a text prompt; pass token ids");
-        return add_request(tokenizer_->encode(prompt), params, std::move(stop));
-    }
-
-    // Stops a request at the next step: its blocks go back to the pool and it finishes with "cancelled".
-    // Unknown or finished ids are ignored (the request may have finished meanwhile).
-    void cancel(int id) {
-        auto found = requests_.find(id);
-        if (found != requests_.end() && !found->second->done) cancelled_.push_back(id);
-    }
-
-    bool has_work() const { return !scheduler_.empty() || !pending_finish_.empty() || !cancelled_.empty(); }
-
-    std::vector<Event> step() {
-        std::vector<Event> events;
-        StepStats stats;
-        stats.start = now();
-        Stopwatch clock;
-        for (int id : std::exchange(cancelled_, {}))
-            if (requests_.count(id) && !requests_[id]->done) finish(id, "cancelled", "", events);
-        for (auto& [id, reason, message] : std::exchange(pending_finish_, {}))
-            if (!requests_.at(id)->done) finish(id, reason, message, events);
-
-        SchedulePlan plan = scheduler_.schedule(cache_);
-        batch_.clear();
-        for (const ScheduledChunk& chunk : plan.chunks) {
-            Request& r = request_of(chunk.sequence);
-            if (r.times.first_scheduled < 0) r.times.first_scheduled = stats.start;
-            for (int i = 0; i < chunk.count; ++i) {
-                int position = chunk.start + i;
-                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
-            }
-        }
-        stats.schedule = clock.seconds();
-        clock.restart();
-        std::span<const float> logits = forward_.forward(batch_, cache_);
-        stats.forward = clock.seconds();
-
-        size_t row = 0;
-        std::vector<bool> before_first_token;
-        for (const ScheduledChunk& chunk : plan.chunks) {
-            Sequence& s = *chunk.sequence;
-            before_first_token.push_back(request_of(&s).times.first_token < 0);
-            request_of(&s).in_step = true;
-            s.computed += chunk.count;
-            cache_.commit(s.id, s.tokens, s.computed);
-            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
-        }
-        for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
-
-        stats.prefill_tokens = plan.prefill_tokens;
-        stats.decode_tokens = plan.decode_tokens;
-        stats.sequences = static_cast<int>(plan.chunks.size());
-        stats.preemptions = plan.preemptions;
-        stats.prefix_hit_tokens = plan.prefix_hit_tokens;
-        stats.blocks_used = cache_.used_block_count();
-        stats.blocks_free = cache_.free_block_count();
-        stats.blocks_cached = cache_.cached_block_count();
-        if (!plan.chunks.empty()) {
-            ++totals_.steps;
-            steps_.push_back(stats);
-        }
-        totals_.prefill_tokens += plan.prefill_tokens;
-        totals_.decode_tokens += plan.decode_tokens;
-        totals_.preemptions += plan.preemptions;
-        totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
-        return events;
-    }
-
-    // A finished request's result, handed over once (the engine then forgets the request).
-    std::optional<RequestResult> take_result(int id) {
-        auto found = requests_.find(id);
-        if (found == requests_.end() || !found->second->done) return std::nullopt;
-        RequestResult result = std::move(found->second->result);
-        requests_.erase(found);
-        return result;
-    }
-
-    // Runs the prompts together to the end; results in the order of the prompts.
-    std::vector<RequestResult> generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
-                                        const std::vector<std::string>& stop = {}) {
-        std::vector<int> ids;
-        for (const auto& prompt : prompts) ids.push_back(add_request(prompt, params, stop));
-        while (has_work()) step();
-        std::vector<RequestResult> results;
-        for (int id : ids) results.push_back(*take_result(id));
-        return results;
-    }
-
-    const std::vector<StepStats>& steps() const { return steps_; }
-    const EngineTotals& totals() const { return totals_; }
-    double now() const { return clock_.seconds(); }
-
-private:
-    struct Request {
-        Sequence seq;
-        SamplingParams params;
-        std::vector<std::string> stop;
-        std::optional<Sampler> sampler;
-        std::optional<TextStream> stream;
-        std::string text;    // all text streamed so far (may end in held-back text)
-        size_t emitted = 0;  // bytes of `text` already sent in events
-        RequestTimes times;
-        double accounted_until = 0;  // the end of the last step in its breakdown (or its arrival)
-        bool in_step = false;        // part of the step being run: account() adds the step to its breakdown
-        RequestResult result;
-        bool stop_hit = false;  // a stop string was found: the text ends before it
-        bool done = false;
-    };
-
-    static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
-        if (config.block_size <= 0) fail("engine: block_size must be positive, found ", config.block_size);
-        if (config.num_blocks > 0) return config.num_blocks;
-        size_t bytes = config.kv_memory_bytes;
-        if (bytes == 0)
-            bytes = std::min<size_t>(size_t{1} << 30, KVCache::bytes_per_token(c) * static_cast<size_t>(c.context_length) *
-                                                          static_cast<size_t>(std::max(config.scheduler.max_seqs, 1)));
-        return KVCache::blocks_for_memory(c, bytes, config.block_size);
-    }
-
-    Request& request_of(const Sequence* s) { return *requests_.at(s->id); }
-
-    // Why the request can never run, or "" when it can.
-    std::string check(const Request& r) const {
-        const int prompt = r.seq.prompt_length, context = model_.config.context_length;
-        try {
-            r.params.validate();
-        } catch (const Error& e) {
-            return e.what();
-        }
-        if (prompt == 0) return "the prompt is empty: nothing to condition on (add BOS or some text)";
-        for (int id : r.seq.tokens)
-            if (id < 0 || id >= model_.config.vocab_size)
-                return concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
-        if (prompt + r.params.max_tokens > context)
-            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
-                                  ") exceed the model's context of ", context, " tokens");
-        const int blocks = (prompt + r.params.max_tokens + cache_.block_size() - 1) / cache_.block_size();
-        if (blocks > cache_.num_blocks())
-            return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
-                                  " KV blocks of ", cache_.block_size(), " tokens, but the whole pool holds ", cache_.num_blocks());
-        if (!r.stop.empty() && !tokenizer_) return "stop strings need a tokenizer, and this engine has none";
-        for (const std::string& s : r.stop)
-            if (s.empty()) return "a stop string is empty";
-        return "";
-    }
-
-    // Adds a step the request took part in to its breakdown; the time since its last step is waiting.
-    static void account(Request& r, const StepStats& step, bool prefill) {
-        RequestBreakdown& b = r.times.breakdown;
-        const double end = step.start + step.schedule + step.forward + step.sample + step.detokenize;
-        b.queue += std::max(0.0, step.start - r.accounted_until);
-        b.schedule += step.schedule;
-        (prefill ? b.prefill : b.decode) += step.forward;
-        b.sample += step.sample;
-        b.detokenize += step.detokenize;
-        r.accounted_until = end;
-        r.in_step = false;
-        if (r.done) {  // finished in this step: its result is complete when the step returns
-            r.times.finished = end;
-            r.result.times = r.times;
-        }
-    }
-
-    void finish_later(int id, std::string reason, std::string message) {
-        pending_finish_.push_back({id, std::move(reason), std::move(message)});
-    }
-
-    void sample(Request& r, std::span<const float> row, StepStats& stats, std::vector<Event>& events) {
-        Stopwatch clock;
-        logits_.assign(row.begin(), row.end());
-        int next = r.sampler->sample(logits_);
-        const double t = now();
-        stats.sample += clock.seconds();
-        if (!r.params.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), next) != stop_ids_.end()) {
-            finish(r.seq.id, "stop", "", events);
-            return;
-        }
-        r.sampler->accept(next);
-        r.seq.tokens.push_back(next);
-        r.result.generated_ids.push_back(next);
-        if (r.params.logprobs >= 0) r.result.logprobs.push_back(token_logprob(row, next, r.params.logprobs));
-        r.times.token_times.push_back(t);
-        if (r.times.first_token < 0) r.times.first_token = t;
-        Event event;
-        event.request_id = r.seq.id;
-        event.token_ids = {next};
-        if (r.params.logprobs >= 0) event.logprobs = {r.result.logprobs.back()};
-        bool stopped = false;
-        if (r.stream) {
-            clock.restart();
-            r.text += r.stream->push(next);
-            stopped = emit_text(r, event, false);
-            stats.detokenize += clock.seconds();
-        }
-        const int generated = static_cast<int>(r.result.generated_ids.size());
-        if (stopped) finish(r.seq.id, "stop", "", events, &event);
-        else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
-            finish(r.seq.id, "length", "", events, &event);
-        else events.push_back(std::move(event));
-    }
-
-    // Moves newly streamed text into the event. A stop string found ends the text before it (returns true); a tail
-    // that could still grow into one is held back unless this is the end.
-    bool emit_text(Request& r, Event& event, bool at_end) {
-        size_t longest = 0;
-        for (const std::string& s : r.stop) longest = std::max(longest, s.size());
-        size_t from = r.emitted > longest ? r.emitted - longest : 0;  // a match may straddle emitted text
-        size_t cut = std::string::npos;
-        for (const std::string& s : r.stop) cut = std::min(cut, r.text.find(s, from));
-        if (cut != std::string::npos) {
-            r.text.resize(cut);
-            event.text += r.text.substr(std::min(r.emitted, cut));
-            r.emitted = r.text.size();
-            r.stop_hit = true;
-            return true;
-        }
-        size_t keep = r.text.size();
-        if (!at_end)  // hold back the longest tail of the text that is a proper prefix of some stop string
-            for (const std::string& s : r.stop)
-                for (size_t n = std::min(s.size() - 1, r.text.size()); n > 0; --n)
-                    if (r.text.compare(r.text.size() - n, n, s, 0, n) == 0) {
-                        keep = std::min(keep, r.text.size() - n);
-                        break;
-                    }
-        if (keep > r.emitted) {
-            event.text += r.text.substr(r.emitted, keep - r.emitted);
-            r.emitted = keep;
-        }
-        return false;
-    }
-
-    void finish(int id, std::string reason, const std::string& message, std::vector<Event>& events, Event* last = nullptr) {
-        Request& r = *requests_.at(id);
-        Event event = last ? std::move(*last) : Event{};
-        event.request_id = id;
-        if (reason == "cancelled" || reason == "error") {
-            r.text.resize(r.emitted);  // what was never sent is not part of the result
-        } else if (r.stream && !r.stop_hit) {  // the end: flush what the stream and the hold-back kept
-            r.text += r.stream->finish();
-            emit_text(r, event, true);
-            if (r.stop_hit) reason = "stop";
-        }
-        event.finished = true;
-        event.finish_reason = reason;
-        event.error = message;
-        r.done = true;
-        r.times.finished = now();
-        if (!r.in_step) {  // finished while waiting (cancelled, refused): all of it since its last step was waiting
-            r.times.breakdown.queue += std::max(0.0, r.times.finished - r.accounted_until);
-            r.accounted_until = r.times.finished;
-        }
-        scheduler_.remove(&r.seq);
-        cache_.release(id);
-        r.result.id = id;
-        r.result.prompt_ids.assign(r.seq.tokens.begin(), r.seq.tokens.begin() + r.seq.prompt_length);
-        r.result.text = r.text;
-        r.result.finish_reason = reason;
-        r.result.error = message;
-        r.result.seed = r.sampler ? r.sampler->seed() : 0;
-        r.result.cached_tokens = r.seq.cached_tokens;
-        r.result.preemptions = r.seq.preemptions;
-        r.result.times = r.times;
-        r.sampler.reset();
-        r.stream.reset();
-        events.push_back(std::move(event));
-    }
-
-    const Model& model_;
-    EngineConfig config_;
-    DeviceForwardPass forward_;
-    Scheduler scheduler_;
-    KVCache cache_;
-    std::optional<Tokenizer> tokenizer_;
-    std::vector<int> stop_ids_;
-    std::unordered_map<int, std::unique_ptr<Request>> requests_;
-    std::vector<int> cancelled_;
-    std::vector<std::tuple<int, std::string, std::string>> pending_finish_;
-    Batch batch_;
-    std::vector<float> logits_;  // [V] the row being sampled (the sampler edits it)
-    std::vector<StepStats> steps_;
-    EngineTotals totals_;
-    Stopwatch clock_;
-    int next_id_ = 0;
-};
-
-// The thread-safe front door: a thread that runs step() while there is work, and a submit/cancel that any thread may
-// call. One mutex guards the engine, so a submit waits at most one step; each request's events go to its callback on
-// the loop's thread, outside the lock (a callback may submit or cancel). Simple on purpose: a submit may wait for the
-// step in progress (the loop lets waiting callers in before its next one); a server that must never wait would put a
-// queue between the two sides. try_submit() and inspect() are the serving layer's: admission and routing (chapter 08).
-class EngineLoop {
-public:
-    using Callback = std::function<void(const Event&)>;
-
-    explicit EngineLoop(Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
-    EngineLoop(const EngineLoop&) = delete;
-    EngineLoop& operator=(const EngineLoop&) = delete;
-    ~EngineLoop() {
-        {
-            std::lock_guard lock(mutex_);
-            stopping_ = true;
-        }
-        wake_.notify_all();
-        thread_.join();
-    }
-
-    // Queues a request; `on_event` receives its events, the last with finished set. The result stays with the engine
-    // until someone calls result(id).
-    int submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop, Callback on_event) {
-        auto lock = caller_lock();
-        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
-        callbacks_[id] = std::move(on_event);
-        wake_.notify_all();
-        return id;
-    }
-    void cancel(int id) {
-        auto lock = caller_lock();
-        engine_.cancel(id);
-        wake_.notify_all();
-    }
-    // submit(), but only if `admit` (asked under the lock, so no other submit slips in between) accepts the engine's
-    // state: a server's admission control. nullopt: refused, nothing queued.
-    std::optional<int> try_submit(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop,
-                                  Callback on_event, const std::function<bool(const Engine&)>& admit) {
-        auto lock = caller_lock();
-        if (!admit(engine_)) return std::nullopt;
-        int id = engine_.add_request(std::move(prompt_ids), params, std::move(stop));
-        callbacks_[id] = std::move(on_event);
-        wake_.notify_all();
-        return id;
-    }
-    std::optional<RequestResult> result(int id) {
-        auto lock = caller_lock();
-        return engine_.take_result(id);
-    }
-    // Runs `look` on the engine between steps, for routing and metrics (queue lengths, cache contents, totals).
-    template <class Look>
-    auto inspect(Look&& look) {
-        auto lock = caller_lock();
-        return look(std::as_const(engine_));
-    }
-    // Blocks until every submitted request has finished.
-    void wait_idle() {
-        auto lock = caller_lock();
-        idle_.wait(lock, [&] { return !engine_.has_work() && delivering_ == 0; });
-    }
-
-private:
-    // The lock for a caller of submit/cancel/result/inspect. std::mutex is not fair: the loop, which takes it again
-    // right after each step, could keep an HTTP thread out for many steps. Callers announce themselves, and the loop
-    // lets them in before its next step.
-    std::unique_lock<std::mutex> caller_lock() {
-        ++callers_;
-        std::unique_lock lock(mutex_);
-        --callers_;
-        return lock;
-    }
-
-    void run() {
-        std::unique_lock lock(mutex_);
-        while (true) {
-            wake_.wait(lock, [&] { return stopping_ || engine_.has_work(); });
-            if (stopping_) return;
-            std::vector<Event> events = engine_.step();
-            std::vector<std::pair<Callback, Event>> deliveries;
-            for (Event& event : events) {
-                auto found = callbacks_.find(event.request_id);
-                if (found == callbacks_.end()) continue;
-                deliveries.emplace_back(found->second, std::move(event));
-                if (deliveries.back().second.finished) callbacks_.erase(found);
-            }
-            ++delivering_;
-            lock.unlock();
-            for (auto& [callback, event] : deliveries)
-                if (callback) callback(event);
-            while (callers_ > 0) std::this_thread::yield();  // callers first: each waits at most one step
-            lock.lock();
-            --delivering_;
-            if (!engine_.has_work()) idle_.notify_all();
-        }
-    }
-
-    Engine& engine_;
-    std::mutex mutex_;
-    std::condition_variable wake_, idle_;
-    std::unordered_map<int, Callback> callbacks_;
-    int delivering_ = 0;
-    std::atomic<int> callers_{0};  // threads waiting for the lock in caller_lock()
-    bool stopping_ = false;
-    std::thread thread_;  // last: it starts once everything above exists
-};
-
-// Chrome's trace-event format (chrome://tracing, ui.perfetto.dev): one track for the engine's steps (each an "X"
-// event with its token counts), one per request (queued, prefill until the first token, decode until it finished,
-// and an instant mark at each sampled token).
-inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> steps, std::span<const RequestResult> requests) {
-    auto us = [](double seconds) { return static_cast<long long>(seconds * 1e6); };
-    out << "{\"traceEvents\":[\n";
-    out << R"({"name":"thread_name","ph":"M","pid":1,"tid":0,"args":{"name":"engine steps"}})";
-    for (size_t i = 0; i < steps.size(); ++i) {
-        const StepStats& s = steps[i];
-        double length = s.schedule + s.forward + s.sample + s.detokenize;
-        out << ",\n{\"name\":\"step " << i << "\",\"ph\":\"X\",\"pid\":1,\"tid\":0,\"ts\":" << us(s.start)
-            << ",\"dur\":" << std::max(1LL, us(length)) << ",\"args\":{\"prefill_tokens\":" << s.prefill_tokens
-            << ",\"decode_tokens\":" << s.decode_tokens << ",\"sequences\":" << s.sequences
-            << ",\"preemptions\":" << s.preemptions << ",\"prefix_hit_tokens\":" << s.prefix_hit_tokens
-            << ",\"blocks_used\":" << s.blocks_used << ",\"blocks_free\":" << s.blocks_free
-            << ",\"blocks_cached\":" << s.blocks_cached << ",\"forward_ms\":" << s.forward * 1e3 << "}}";
-    }
-    for (const RequestResult& r : requests) {
-        const RequestTimes& t = r.times;
-        const int tid = r.id + 1;
-        out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << tid << ",\"args\":{\"name\":\"request " << r.id << "\"}}";
-        auto span = [&](const char* name, double from, double to) {
-            if (from < 0 || to < from) return;
-            out << ",\n{\"name\":\"" << name << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << us(from)
-                << ",\"dur\":" << std::max(1LL, us(to) - us(from)) << ",\"args\":{\"prompt_tokens\":" << r.prompt_ids.size()
-                << ",\"generated_tokens\":" << r.generated_ids.size() << ",\"cached_tokens\":" << r.cached_tokens
-                << ",\"finish_reason\":\"" << r.finish_reason << "\"}}";
-        };
-        const double scheduled = t.first_scheduled >= 0 ? t.first_scheduled : t.finished;
-        span("queued", t.arrival, scheduled);
-        span("prefill", t.first_scheduled, t.first_token >= 0 ? t.first_token : t.finished);
-        span("decode", t.first_token, t.finished);
-        for (size_t i = 0; i < t.token_times.size(); ++i)
-            out << ",\n{\"name\":\"token\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":" << tid << ",\"ts\":"
-                << us(t.token_times[i]) << ",\"args\":{\"index\":" << i << ",\"id\":" << r.generated_ids[i] << "}}";
-    }
-    out << "\n]}\n";
-}
-
-
-// =====================================================================================================================
-// 10. MODEL FACTORY — models with random weights and a known shape: the built-in demo model (so the first command works
-//    with nothing downloaded) and `infer make-model` (a Hugging Face folder of any size, for benchmarks). Their output
-//    is meaningless; their cost per token is exactly that of a trained model of the same shape.
-// =====================================================================================================================
 
 struct ModelShape {
     int dim = 288, n_layers = 6, n_heads = 6, n_kv_heads = 6, ffn_dim = 768, vocab_size = 32000, context_length = 2048;
@@ -5869,7 +6174,7 @@ inline Model demo_model() {
     ModelShape shape{.dim = 128, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 384, .vocab_size = 260, .context_length = 1024};
     Model model;
     model.source = "built-in demo model";
-    model.format = "built-in";
+    model.format = ModelFormat::BuiltIn;
     model.config = config_for_shape(shape);
     model.config.eos_ids.clear();  // random weights pick </s> by chance: let the demo run to max_tokens
     std::unordered_map<std::string, Tensor> tensors;

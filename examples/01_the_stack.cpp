@@ -90,7 +90,7 @@ int main(int argc, char** argv) try {
     const int decode_steps = std::max(0, forward_calls - 1);
 
     const infer::ModelConfig& c = model.config;
-    std::printf("model: %s (%s, %s, %.2f M parameters), %d thread%s\n", model.source.c_str(), model.format.c_str(),
+    std::printf("model: %s (%s, %s, %.2f M parameters), %d thread%s\n", model.source.c_str(), infer::format_name(model.format),
                 c.architecture.c_str(), static_cast<double>(model.parameter_count()) / 1e6, pool.size(),
                 pool.size() == 1 ? "" : "s");
     std::printf("prompt %d tokens, generated %d tokens, finish: %s\n\n", prompt_tokens, generated,

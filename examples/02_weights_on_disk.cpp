@@ -85,10 +85,13 @@ FileLayout layout_of(const infer::MappedFile& file, const std::vector<const infe
 }
 
 // What the bytes around the weights are, in each format's own words.
-const char* header_contents(const std::string& format) {
-    if (format == "gguf") return "magic, version, metadata (hyperparameters, vocabulary), tensor table, padding";
-    if (format == "safetensors") return "8-byte length + JSON header (name, dtype, shape, offsets per tensor)";
-    if (format == "llama2.c") return "7 × int32: dim, hidden_dim, layers, heads, kv_heads, vocab, seq_len";
+const char* header_contents(infer::ModelFormat format) {
+    switch (format) {
+        case infer::ModelFormat::Gguf: return "magic, version, metadata (hyperparameters, vocabulary), tensor table, padding";
+        case infer::ModelFormat::HuggingFace: return "8-byte length + JSON header (name, dtype, shape, offsets per tensor)";
+        case infer::ModelFormat::Llama2c: return "7 × int32: dim, hidden_dim, layers, heads, kv_heads, vocab, seq_len";
+        case infer::ModelFormat::BuiltIn: return "";
+    }
     return "";
 }
 
@@ -98,7 +101,7 @@ std::string other_contents(const infer::Model& model, uint64_t bytes) {
     // llama2.c stores precomputed RoPE tables, freq_cis_real and freq_cis_imag (context × Dh/2 floats each), which
     // this engine recomputes from the positions: the one array in that format the Model does not point at.
     uint64_t freq_cis = static_cast<uint64_t>(c.context_length) * static_cast<uint64_t>(c.head_dim) * 4;
-    if (model.format == "llama2.c" && bytes == freq_cis)
+    if (model.format == infer::ModelFormat::Llama2c && bytes == freq_cis)
         return "freq_cis = " + std::to_string(c.context_length) + " × " + std::to_string(c.head_dim) +
                " × 4 B, RoPE tables (recomputed)";
     if (!model.rope_freq_divisors.empty()) return "alignment padding and rope_freqs (read into the RoPE setup)";
@@ -109,7 +112,7 @@ std::string other_contents(const infer::Model& model, uint64_t bytes) {
 bool describe(const infer::Model& model) {
     const infer::ModelConfig& c = model.config;
     std::printf("== %s\n", model.source.c_str());
-    std::printf("format        %s, architecture %s\n", model.format.c_str(), c.architecture.c_str());
+    std::printf("format        %s, architecture %s\n", infer::format_name(model.format), c.architecture.c_str());
     std::printf("shape         D %d  L %d  H %d  Hkv %d  Dh %d  F %d  V %d  context %d\n", c.dim, c.n_layers,
                 c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size, c.context_length);
     std::printf("parameters    %s (%s)\n", grouped(static_cast<uint64_t>(model.parameter_count())).c_str(),

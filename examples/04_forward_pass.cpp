@@ -99,7 +99,7 @@ int main(int argc, char** argv) try {
     const double decode_rate = M > 0 ? M / decode_seconds : 0;
     const double achieved = bytes_per_token * decode_rate;
 
-    std::printf("model          %s (%s, %.2f M parameters, %s matrices)\n", model.source.c_str(), model.format.c_str(),
+    std::printf("model          %s (%s, %.2f M parameters, %s matrices)\n", model.source.c_str(), infer::format_name(model.format),
                 static_cast<double>(model.parameter_count()) / 1e6, infer::dtype_name(model.layers.front().wq.dtype));
     std::printf("threads        %d\n\n", pool.size());
     std::printf("               %8s %12s %12s %12s\n", "tokens", "ms/token", "tokens/s", "GFLOP/s");
