@@ -326,43 +326,10 @@ private:
 class MappedFile {
 public:
     MappedFile() = default;
-    explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {
-#ifdef INFER_HAVE_MMAP
-        int fd = ::open(path_.c_str(), O_RDONLY);
-        if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
-        struct stat info {};
-        if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-            ::close(fd);
-            fail(path_, ": not a regular file");
-        }
-        size_ = static_cast<size_t>(info.st_size);
-        if (size_ > 0) {
-            void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (mapped == MAP_FAILED) {
-                ::close(fd);
-                fail(path_, ": mmap failed: ", std::strerror(errno));
-            }
-            data_ = static_cast<const std::byte*>(mapped);
-        }
-        ::close(fd);  // the mapping keeps the file alive
-#else
-        std::ifstream in(path, std::ios::binary);
-        if (!in) fail(path_, ": cannot open");
-        in.seekg(0, std::ios::end);
-        size_ = static_cast<size_t>(in.tellg());
-        in.seekg(0);
-        copy_.resize(size_);
-        in.read(reinterpret_cast<char*>(copy_.data()), static_cast<std::streamsize>(size_));
-        data_ = copy_.data();
-#endif
-    }
+    explicit MappedFile(const std::filesystem::path& path);  // maps the file (appendix B); reads it where mmap is missing
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
-    ~MappedFile() {
-#ifdef INFER_HAVE_MMAP
-        if (data_ && size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
-#endif
-    }
+    ~MappedFile();
 
     const std::byte* data() const { return data_; }
     size_t size() const { return size_; }
@@ -377,13 +344,7 @@ private:
 #endif
 };
 
-inline std::string read_text_file(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(path.string(), ": cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-}
+inline std::string read_text_file(const std::filesystem::path& path);  // a whole file as text (config.json, ...)
 
 // ---- 16-bit floats -------------------------------------------------------------------------------------------------
 // bf16 is the top half of an f32 (same exponent range, 8 mantissa bits): widening is a shift. f16 has 5 exponent bits,
@@ -397,33 +358,42 @@ inline uint16_t f32_to_f16(float value);
 
 // ---- Tensors and the Model ------------------------------------------------------------------------------------------
 
-// A weight's number format. Every loader, footprint and error message goes through these two functions, so a new
-// type is one enumerator and one line in each.
+// A weight's number format. Each is described by its block: `elements` weights stored in `bytes` bytes. Plain floats
+// are blocks of one; a block-quantized type (GGUF's Q8_0: 32 weights and their scale in 34 bytes) fits the same
+// description, so every footprint, row size and file-size check below is computed one way, from this table.
 enum class DType { F32, F16, BF16 };
 
-inline size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType dtype) {
-    switch (dtype) {
-        case DType::F32: return "F32";
-        case DType::F16: return "F16";
-        case DType::BF16: return "BF16";
-    }
-    return "?";
+struct DTypeBlock {
+    const char* name;  // as safetensors and GGUF spell it
+    int elements;      // weights per block
+    int bytes;         // bytes per block
+};
+
+inline const DTypeBlock& dtype_block(DType dtype) {
+    static constexpr DTypeBlock blocks[] = {{"F32", 1, 4}, {"F16", 1, 2}, {"BF16", 1, 2}};  // in DType's order
+    return blocks[static_cast<int>(dtype)];
+}
+inline const char* dtype_name(DType dtype) { return dtype_block(dtype).name; }
+
+// Bytes of `count` consecutive weights: a whole number of blocks (the loaders check that every row is).
+inline uint64_t dtype_bytes(DType dtype, int64_t count) {
+    const DTypeBlock& block = dtype_block(dtype);
+    return static_cast<uint64_t>(count / block.elements) * static_cast<uint64_t>(block.bytes);
 }
 
 // A view of a weight matrix or vector inside a mapped file (or a buffer the Model owns). Shapes are row-major,
 // outermost first, as PyTorch writes them: a linear layer's weight is [N, K].
 struct Tensor {
-    std::string name;
-    DType dtype = DType::F32;
-    std::vector<int64_t> shape;
-    const std::byte* data = nullptr;
+    std::string name;                // as the file names it, for messages
+    DType dtype = DType::F32;        // the stored type: the forward pass converts in registers, never in memory
+    std::vector<int64_t> shape;      // outermost first: [N, K] for a matrix
+    const std::byte* data = nullptr; // into the mapping: no copy, so loading costs no time per weight
 
     bool empty() const { return data == nullptr; }
     int64_t elements() const {
         return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
     }
-    size_t bytes() const { return static_cast<size_t>(elements()) * dtype_size(dtype); }
+    size_t bytes() const { return static_cast<size_t>(dtype_bytes(dtype, elements())); }
     int64_t rows() const { return shape.empty() ? 0 : shape.front(); }
     int64_t cols() const { return shape.empty() ? 0 : shape.back(); }
     // Element i of a 1-D tensor (norm gains, biases), widened to f32.
@@ -440,13 +410,14 @@ struct Tensor {
         }
         return 0;
     }
-    // Row r of a 2-D tensor widened into `out` (embedding lookup).
+    // Row r of a 2-D tensor widened into `out`: the embedding lookup, the only place a whole row is converted.
     void read_row(int64_t r, float* out) const {
         int64_t width = cols();
         for (int64_t i = 0; i < width; ++i) out[i] = at(r * width + i);
     }
 };
 
+// "[2048, 768]": shapes in messages read as PyTorch prints them.
 inline std::string shape_string(const std::vector<int64_t>& shape) {
     std::string text = "[";
     for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -515,16 +486,16 @@ struct ModelConfig {
     int ffn_dim = 0;           // F
     int vocab_size = 0;        // V
     int context_length = 0;    // the largest position the model was built for
-    double rope_theta = 10000;
-    double norm_eps = 1e-5;
+    double rope_theta = 10000;   // RoPE's base: dimension pair i turns by position · theta^(-2i/Dh)
+    double norm_eps = 1e-5;      // RMSNorm's epsilon, from the file: it changes the logits at the 1e-4 level
     int sliding_window = 0;  // attend to at most this many latest positions (Mistral); 0: the whole prefix
     RopeStyle rope_style = RopeStyle::HalfRotation;
     RopeScaling rope_scaling;
     bool qkv_bias = false;  // qwen2
     bool qk_norm = false;   // qwen3: RMSNorm over each head of q and k before RoPE
-    bool tied_embeddings = false;
-    int bos_id = -1;
-    std::vector<int> eos_ids;
+    bool tied_embeddings = false;  // the classifier is the embedding matrix (small models save V × D weights)
+    int bos_id = -1;               // -1: the model has none
+    std::vector<int> eos_ids;      // generation stops at any of them (the tokenizer may add more)
 };
 
 struct LayerWeights {
@@ -536,7 +507,8 @@ struct LayerWeights {
     Tensor w_gate, w_up;      // [F, D]
     Tensor w_down;            // [D, F]
 
-    // Every tensor of the layer (the optional ones may be empty), for footprint arithmetic.
+    // Every tensor of the layer (the optional ones may be empty), for footprint arithmetic. A new tensor kind is a
+    // member above and an entry here; the loaders' name tables say what each format calls it.
     std::vector<const Tensor*> tensors() const {
         return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
     }
@@ -554,9 +526,9 @@ struct Vocabulary {
     std::vector<float> scores;        // llama: higher merges first
     std::vector<std::string> merges;  // gpt2: "left right", the first merges first
     std::string pre;                  // gpt2: tokenizer.ggml.pre, which names the split regex ("llama-bpe", "qwen2")
-    std::vector<Type> types;
-    int unk_id = 0;
-    bool add_bos = true;
+    std::vector<Type> types;          // Control pieces decode to nothing; Byte pieces to their byte
+    int unk_id = 0;                   // what a character without a piece or byte token becomes
+    bool add_bos = true;              // encode() starts the ids with BOS (Llama 2) or not (GPT-2, Qwen)
     bool add_eos = false;
     bool add_space_prefix = true;  // SentencePiece's add_dummy_prefix: " " + text
     std::string chat_template;     // GGUF tokenizer.chat_template, "" when none
@@ -589,7 +561,7 @@ struct Model {
     std::string source;                     // the path it came from, for messages
     ModelFormat format = ModelFormat::BuiltIn;
 
-    std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive
+    std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive (shared: a GgufFile may hold one too)
     std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
 
     // Tensors point into `files` or `owned`: a copy would point into the original's buffers, so a Model only moves.
@@ -601,12 +573,13 @@ struct Model {
 
     // Bytes of weights one decode step reads: every matrix once (the embedding only one row, unless it is the head).
     size_t weight_bytes_per_token() const {
-        size_t total = final_norm.bytes() + lm_head.bytes() + static_cast<size_t>(embedding.cols()) * dtype_size(embedding.dtype);
+        size_t total = final_norm.bytes() + lm_head.bytes() + static_cast<size_t>(dtype_bytes(embedding.dtype, embedding.cols()));
         for (const auto& layer : layers)
             for (const Tensor* t : layer.tensors())
                 if (!t->empty()) total += t->bytes();
         return total;
     }
+    // Parameters as a model card counts them: a tied classifier once.
     int64_t parameter_count() const {
         int64_t total = embedding.elements() + final_norm.elements() + (config.tied_embeddings ? 0 : lm_head.elements());
         for (const auto& layer : layers)
@@ -625,6 +598,8 @@ inline void check_shape(const Tensor& tensor, const std::vector<int64_t>& expect
              shape_string(expected));
 }
 
+// Hyperparameters that would make the forward pass divide by zero or index out of range are refused here, with the
+// field's name, instead of failing later as a crash.
 inline void validate_config(const ModelConfig& c, const std::string& source) {
     auto positive = [&](int value, const char* field) {
         if (value <= 0) fail(source, ": ", field, " must be positive, found ", value);
@@ -644,6 +619,7 @@ inline void validate_config(const ModelConfig& c, const std::string& source) {
     if (!(c.rope_theta > 0)) fail(source, ": rope_theta must be positive, found ", c.rope_theta);
 }
 
+// The one check between the files and the forward pass: every tensor present with the shape the config implies.
 inline void validate_model(const Model& m) {
     const ModelConfig& c = m.config;
     validate_config(c, m.source);
@@ -733,19 +709,20 @@ inline ModelConfig config_from_hugging_face(const Json& json, const std::string&
         fail(file, ": unsupported model_type \"", c.architecture, "\" (supported: ", architecture_names(false), ")");
     if (const Json* act = read.find("hidden_act"); act && act->is_string() && act->as_string() != "silu")
         fail(file, ": unsupported hidden_act \"", act->as_string(), "\" (only silu)");
+    // Hugging Face's names for the shape; a missing optional field takes the default transformers itself uses.
     c.dim = static_cast<int>(read.integer("hidden_size"));
     c.n_layers = static_cast<int>(read.integer("num_hidden_layers"));
     c.n_heads = static_cast<int>(read.integer("num_attention_heads"));
-    c.n_kv_heads = static_cast<int>(read.integer_or("num_key_value_heads", c.n_heads));
+    c.n_kv_heads = static_cast<int>(read.integer_or("num_key_value_heads", c.n_heads));  // absent: no GQA
     c.ffn_dim = static_cast<int>(read.integer("intermediate_size"));
     c.vocab_size = static_cast<int>(read.integer("vocab_size"));
     c.context_length = static_cast<int>(read.integer_or("max_position_embeddings", 2048));
     if (c.n_heads <= 0) fail(file, ": num_attention_heads must be positive, found ", c.n_heads);
-    c.head_dim = static_cast<int>(read.integer_or("head_dim", c.dim / c.n_heads));
+    c.head_dim = static_cast<int>(read.integer_or("head_dim", c.dim / c.n_heads));  // Qwen3 sets it apart from D / H
     c.rope_theta = read.number_or("rope_theta", 10000.0);
     c.norm_eps = read.number_or("rms_norm_eps", 1e-6);
     c.tied_embeddings = read.boolean_or("tie_word_embeddings", false);
-    c.rope_style = RopeStyle::HalfRotation;
+    c.rope_style = RopeStyle::HalfRotation;  // transformers' checkpoints: rotate_half
     c.qkv_bias = arch->qkv_bias || read.boolean_or("attention_bias", false);
     c.qk_norm = arch->qk_norm;
     if (read.boolean_or("mlp_bias", false)) fail(file, ": mlp_bias true is not supported");
@@ -793,6 +770,7 @@ inline uint64_t read_u64_le(const std::byte* p) {
     return value;
 }
 
+// The tensor table of one safetensors file: each entry a view into the mapping, every offset checked first.
 inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile& file) {
     const std::string& path = file.path();
     if (file.size() < 8) fail(path, ": truncated safetensors file (", file.size(), " bytes, no header length)");
@@ -803,15 +781,16 @@ inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile
     std::string_view header_text(reinterpret_cast<const char*>(file.data() + 8), header_length);
     Json header = Json::parse(header_text, path + " (safetensors header)");
     if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
-    const std::byte* body = file.data() + 8 + header_length;
+    const std::byte* body = file.data() + 8 + header_length;  // offsets count from here
     const uint64_t body_size = file.size() - 8 - header_length;
 
     std::unordered_map<std::string, Tensor> tensors;
     for (const auto& [name, info] : header.as_object()) {
-        if (name == "__metadata__") continue;
+        if (name == "__metadata__") continue;  // free-form strings ({"format": "pt"}), not a tensor
         try {
             Tensor tensor;
             tensor.name = name;
+            // safetensors spells dtypes as we do; the quantized types exist only in GGUF.
             const std::string& dtype = info.at("dtype").as_string();
             if (dtype == "F32") tensor.dtype = DType::F32;
             else if (dtype == "BF16") tensor.dtype = DType::BF16;
@@ -827,12 +806,13 @@ inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile
             if (begin < 0 || end < begin || static_cast<uint64_t>(end) > body_size)
                 fail("data_offsets [", begin, ", ", end, "] run past the end of the file (data section is ", body_size,
                      " bytes; the file may be truncated)");
+            // The one check that catches a wrong shape, a wrong dtype and a corrupt table alike.
             if (static_cast<uint64_t>(end - begin) != tensor.bytes())
                 fail("data_offsets cover ", end - begin, " bytes but shape ", shape_string(tensor.shape), " in ", dtype,
                      " needs ", tensor.bytes());
             tensor.data = body + begin;
             tensors.emplace(name, std::move(tensor));
-        } catch (const Error& e) {
+        } catch (const Error& e) {  // every message names the file and the tensor, once
             std::string message = e.what();
             if (message.rfind(path, 0) == 0) throw;
             fail(path, ": tensor ", name, ": ", message);
@@ -876,7 +856,7 @@ inline void attach_tensors(Model& model, const std::unordered_map<std::string, T
     ModelConfig& c = model.config;
     model.embedding = take(names.embedding);
     model.final_norm = take(names.final_norm);
-    c.tied_embeddings = c.tied_embeddings && !tensors.count(names.lm_head);
+    c.tied_embeddings = c.tied_embeddings && !tensors.count(names.lm_head);  // a file that ships the head uses it
     model.lm_head = c.tied_embeddings ? model.embedding : take(names.lm_head);
     for (int i = 0; i < c.n_layers; ++i) {
         const std::string p = names.layer_prefix + std::to_string(i) + ".";
@@ -886,7 +866,7 @@ inline void attach_tensors(Model& model, const std::unordered_map<std::string, T
         layer.wk = take(p + names.wk);
         layer.wv = take(p + names.wv);
         layer.wo = take(p + names.wo);
-        if (c.qkv_bias) {
+        if (c.qkv_bias) {  // only the architectures that have them: a stray bias elsewhere stays unused
             layer.bq = take(p + names.bq);
             layer.bk = take(p + names.bk);
             layer.bv = take(p + names.bv);
@@ -931,20 +911,17 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
         }
     }
 
+    // All tensors of all shards in one table: a model split in files is still one set of names.
     std::unordered_map<std::string, Tensor> tensors;
-    std::unordered_map<std::string, std::string> tensor_file;  // for messages
     auto add_file = [&](const std::filesystem::path& path) {
         auto file = std::make_shared<MappedFile>(path);
-        for (auto& [name, tensor] : detail::read_safetensors(*file)) {
-            tensor_file[name] = path.string();
-            tensors[name] = std::move(tensor);
-        }
-        model.files.push_back(std::move(file));
+        for (auto& [name, tensor] : detail::read_safetensors(*file)) tensors[name] = std::move(tensor);
+        model.files.push_back(std::move(file));  // the Model keeps every mapping its tensors point into
     };
     auto index_path = folder / "model.safetensors.index.json";
     if (std::filesystem::exists(folder / "model.safetensors")) {
         add_file(folder / "model.safetensors");
-    } else if (std::filesystem::exists(index_path)) {
+    } else if (std::filesystem::exists(index_path)) {  // sharded: the index maps each tensor name to its file
         Json index = Json::parse(read_text_file(index_path), index_path.string());
         std::vector<std::string> shards;
         const Json* map = index.find("weight_map");
@@ -970,6 +947,7 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
 
 namespace detail {
 
+// Little-endian reads from a mapped file, each checked against its end before it happens.
 class ByteReader {
 public:
     explicit ByteReader(const MappedFile& file) : file_(file) {}
@@ -1019,31 +997,12 @@ struct GgufFile {
     std::map<std::string, detail::GgufValue> metadata;
     std::unordered_map<std::string, Tensor> tensors;
 
-    const detail::GgufValue* find(const std::string& key) const {
-        auto found = metadata.find(key);
-        return found == metadata.end() ? nullptr : &found->second;
-    }
-    int64_t integer(const std::string& key) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) fail(file->path(), ": missing GGUF metadata ", key);
-        if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
-        if (auto* b = std::get_if<bool>(&v->value)) return *b;
-        fail(file->path(), ": GGUF metadata ", key, " is not an integer");
-    }
-    int64_t integer_or(const std::string& key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
-    double number_or(const std::string& key, double fallback) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) return fallback;
-        if (auto* d = std::get_if<double>(&v->value)) return *d;
-        if (auto* i = std::get_if<int64_t>(&v->value)) return static_cast<double>(*i);
-        fail(file->path(), ": GGUF metadata ", key, " is not a number");
-    }
-    std::string string_or(const std::string& key, std::string fallback) const {
-        const detail::GgufValue* v = find(key);
-        if (!v) return fallback;
-        if (auto* s = std::get_if<std::string>(&v->value)) return *s;
-        fail(file->path(), ": GGUF metadata ", key, " is not a string");
-    }
+    // Typed lookups whose errors name the file and the key (appendix A).
+    const detail::GgufValue* find(const std::string& key) const;
+    int64_t integer(const std::string& key) const;
+    int64_t integer_or(const std::string& key, int64_t fallback) const;
+    double number_or(const std::string& key, double fallback) const;
+    std::string string_or(const std::string& key, std::string fallback) const;
     template <class T>
     const std::vector<T>* array(const std::string& key) const {
         const detail::GgufValue* v = find(key);
@@ -1053,6 +1012,7 @@ struct GgufFile {
     }
 };
 
+// The whole file in one pass over its header: metadata into a map, tensor infos into views of the mapping.
 inline GgufFile read_gguf(const std::filesystem::path& path) {
     GgufFile gguf;
     gguf.file = std::make_shared<MappedFile>(path);
@@ -1066,7 +1026,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         fail(path.string(), ": unsupported GGUF version ", gguf.version, " (supported: 2, 3)");
     uint64_t tensor_count = in.read<uint64_t>();
     uint64_t metadata_count = in.read<uint64_t>();
-    for (uint64_t i = 0; i < metadata_count; ++i) {
+    for (uint64_t i = 0; i < metadata_count; ++i) {  // hyperparameters, vocabulary, chat template: all key → value
         std::string key = in.read_string();
         uint32_t type = in.read<uint32_t>();
         gguf.metadata[key] = detail::gguf_read_value(in, type, path.string(), key);
@@ -1076,7 +1036,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         uint64_t offset;
     };
     std::vector<Info> infos;
-    in.need(tensor_count, "the tensor list");
+    in.need(tensor_count, "the tensor list");  // a cheap bound before reserving: each entry takes bytes
     for (uint64_t i = 0; i < tensor_count; ++i) {
         Info info;
         info.tensor.name = in.read_string();
@@ -1086,7 +1046,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         for (auto& dim : dims) dim = static_cast<int64_t>(in.read<uint64_t>());
         std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
         info.tensor.shape = dims;
-        uint32_t type = in.read<uint32_t>();
+        uint32_t type = in.read<uint32_t>();  // each tensor its own type: a "Q4_K_M" file mixes several
         if (type == 0) info.tensor.dtype = DType::F32;
         else if (type == 1) info.tensor.dtype = DType::F16;
         else if (type == 30) info.tensor.dtype = DType::BF16;
@@ -1096,13 +1056,13 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
                          name ? name : ("unknown (" + std::to_string(type) + ")"),
                          ", which is not supported (supported: F32, F16, BF16)");
         }
-        info.offset = in.read<uint64_t>();
+        info.offset = in.read<uint64_t>();  // from the start of the data section, which is only known at the end
         infos.push_back(std::move(info));
     }
     uint64_t alignment = static_cast<uint64_t>(gguf.integer_or("general.alignment", 32));
     if (alignment == 0) fail(path.string(), ": general.alignment is 0");
     uint64_t data_start = (in.position() + alignment - 1) / alignment * alignment;
-    for (auto& info : infos) {
+    for (auto& info : infos) {  // every tensor must lie inside the file: the checks are written not to overflow
         uint64_t bytes = info.tensor.bytes();
         if (data_start > file.size() || info.offset > file.size() - data_start || bytes > file.size() - data_start - info.offset)
             fail(path.string(), ": tensor ", info.tensor.name, " (", bytes, " bytes at data offset ", info.offset,
@@ -1113,47 +1073,13 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
     return gguf;
 }
 
+// The tokenizer.ggml.* metadata as a Vocabulary (appendix E); an unsupported tokenizer.ggml.model leaves it empty.
 namespace detail {
-
-inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
-    Vocabulary vocab;
-    const std::string path = gguf.file->path();
-    std::string kind = gguf.string_or("tokenizer.ggml.model", "");
-    vocab.model_name = kind;
-    vocab.model = kind == "llama" ? Vocabulary::Model::Scores
-                : kind == "gpt2"  ? Vocabulary::Model::RankedMerges
-                                  : Vocabulary::Model::Unsupported;
-    if (vocab.model == Vocabulary::Model::Unsupported) return vocab;  // none, or one we cannot read ("bert"): ids work
-    const auto* tokens = gguf.array<std::string>("tokenizer.ggml.tokens");
-    if (!tokens) fail(path, ": missing GGUF metadata tokenizer.ggml.tokens");
-    vocab.pieces = *tokens;
-    if (const auto* scores = gguf.array<double>("tokenizer.ggml.scores")) {
-        if (scores->size() != tokens->size()) fail(path, ": tokenizer.ggml.scores has ", scores->size(), " entries for ", tokens->size(), " tokens");
-        vocab.scores.assign(scores->begin(), scores->end());
-    } else {
-        vocab.scores.assign(tokens->size(), 0.0f);
-    }
-    vocab.types.assign(tokens->size(), Vocabulary::Type::Normal);
-    if (const auto* types = gguf.array<int64_t>("tokenizer.ggml.token_type")) {
-        if (types->size() != tokens->size()) fail(path, ": tokenizer.ggml.token_type has ", types->size(), " entries for ", tokens->size(), " tokens");
-        for (size_t i = 0; i < types->size(); ++i) vocab.types[i] = static_cast<Vocabulary::Type>((*types)[i]);
-    }
-    vocab.unk_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.unknown_token_id", 0));
-    vocab.add_bos = gguf.integer_or("tokenizer.ggml.add_bos_token", kind == "llama") != 0;
-    vocab.add_eos = gguf.integer_or("tokenizer.ggml.add_eos_token", 0) != 0;
-    vocab.add_space_prefix = gguf.integer_or("tokenizer.ggml.add_space_prefix", 1) != 0;
-    vocab.chat_template = gguf.string_or("tokenizer.chat_template", "");
-    if (kind == "gpt2") {
-        const auto* merges = gguf.array<std::string>("tokenizer.ggml.merges");
-        if (!merges) fail(path, ": missing GGUF metadata tokenizer.ggml.merges (needed by a \"gpt2\" vocabulary)");
-        vocab.merges = *merges;
-        vocab.pre = gguf.string_or("tokenizer.ggml.pre", "default");
-    }
-    return vocab;
+inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf);
 }
 
-}  // namespace detail
-
+// A GGUF file: hyperparameters under "<architecture>.*" keys, the vocabulary under "tokenizer.ggml.*", tensors under
+// llama.cpp's names. One file holds everything a model needs.
 inline Model load_gguf(const std::filesystem::path& path) {
     GgufFile gguf = read_gguf(path);
     Model model;
@@ -1166,7 +1092,7 @@ inline Model load_gguf(const std::filesystem::path& path) {
     if (!arch)
         fail(model.source, ": unsupported general.architecture \"", c.architecture, "\" (supported: ",
              architecture_names(true), ")");
-    const std::string a = c.architecture + ".";
+    const std::string a = c.architecture + ".";  // "llama.embedding_length", "qwen2.block_count", ...
     c.dim = static_cast<int>(gguf.integer(a + "embedding_length"));
     c.n_layers = static_cast<int>(gguf.integer(a + "block_count"));
     c.ffn_dim = static_cast<int>(gguf.integer(a + "feed_forward_length"));
@@ -1174,10 +1100,10 @@ inline Model load_gguf(const std::filesystem::path& path) {
     c.n_kv_heads = static_cast<int>(gguf.integer_or(a + "attention.head_count_kv", c.n_heads));
     if (c.n_heads <= 0) fail(model.source, ": ", a, "attention.head_count must be positive");
     c.head_dim = static_cast<int>(gguf.integer_or(a + "attention.key_length", c.dim / c.n_heads));
-    c.context_length = static_cast<int>(gguf.integer_or(a + "context_length", 2048));
+    c.context_length = static_cast<int>(gguf.integer_or(a + "context_length", 2048));  // what the model was trained for
     c.rope_theta = gguf.number_or(a + "rope.freq_base", 10000.0);
     c.norm_eps = gguf.number_or(a + "attention.layer_norm_rms_epsilon", 1e-5);
-    c.rope_style = arch->gguf_rope_pairs ? RopeStyle::AdjacentPairs : RopeStyle::HalfRotation;
+    c.rope_style = arch->gguf_rope_pairs ? RopeStyle::AdjacentPairs : RopeStyle::HalfRotation;  // llama.cpp's permutation
     c.qkv_bias = arch->qkv_bias;
     c.qk_norm = arch->qk_norm;
     std::string scaling = gguf.string_or(a + "rope.scaling.type", "none");
@@ -1189,6 +1115,7 @@ inline Model load_gguf(const std::filesystem::path& path) {
     } else if (scaling == "yarn") {
         fail(model.source, ": unsupported ", a, "rope.scaling.type \"yarn\"");
     }
+    // End ids: EOS, and a chat model's end-of-turn (Llama 3's <|eot_id|>), so generation stops where the model does.
     c.bos_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.bos_token_id", -1));
     if (gguf.find("tokenizer.ggml.eos_token_id")) c.eos_ids.push_back(static_cast<int>(gguf.integer("tokenizer.ggml.eos_token_id")));
     if (gguf.find("tokenizer.ggml.eot_token_id")) {
@@ -1199,7 +1126,7 @@ inline Model load_gguf(const std::filesystem::path& path) {
     // GGUF has no tie flag: a file without output.weight reads its classifier from the embedding.
     c.tied_embeddings = true;
     detail::attach_tensors(model, gguf.tensors, detail::gguf_names);
-    c.vocab_size = static_cast<int>(model.embedding.rows());
+    c.vocab_size = static_cast<int>(model.embedding.rows());  // GGUF has no vocab_size key: the embedding says it
     // Llama 3's frequency scaling is baked into the file as per-frequency divisors.
     if (auto found = gguf.tensors.find("rope_freqs.weight"); found != gguf.tensors.end()) {
         const Tensor& freqs = found->second;
@@ -1215,39 +1142,12 @@ inline Model load_gguf(const std::filesystem::path& path) {
 // vocab_size means a separate classifier), then float32 arrays with all layers of one kind stored together. Its q/k
 // rows use adjacent-pair RoPE. The vocabulary lives in a separate tokenizer.bin.
 
-// vocab_size < 0 reads entries until the end of the file (the file itself does not say how many it holds).
-inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size) {
-    MappedFile file(path);
-    detail::ByteReader in(file);  // the same bounds-checked little-endian reads
-    Vocabulary vocab;
-    in.read<uint32_t>();           // max_token_length: not needed
-    for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
-        float score = in.read<float>();
-        int32_t length = in.read<int32_t>();
-        if (length < 0) fail(path.string(), ": token ", id, " has negative length ", length);
-        in.need(static_cast<uint64_t>(length), "a token");
-        std::string piece(reinterpret_cast<const char*>(file.data() + in.position()), static_cast<size_t>(length));
-        in.seek(in.position() + static_cast<size_t>(length));
-        // The file stores "▁" as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n": restore SentencePiece's spelling.
-        auto type = Vocabulary::Type::Normal;
-        if (id == 0) type = Vocabulary::Type::Unknown;
-        else if (id == 1 || id == 2) {
-            type = Vocabulary::Type::Control;
-            piece.erase(std::remove(piece.begin(), piece.end(), '\n'), piece.end());
-        } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
-            type = Vocabulary::Type::Byte;
-        } else {
-            std::string restored;
-            for (char ch : piece) restored += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
-            piece = restored;
-        }
-        vocab.pieces.push_back(piece);
-        vocab.scores.push_back(score);
-        vocab.types.push_back(type);
-    }
-    return vocab;
-}
+// llama2.c's tokenizer.bin: per token a float score, an int32 length and the bytes (appendix E). vocab_size < 0 reads
+// entries until the end of the file (the file itself does not say how many it holds).
+inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size);
 
+// A llama2.c checkpoint: the header gives the shape; everything else follows from it, so the file size is checked
+// against the shape before any view is made.
 inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path) {
     Model model;
     model.source = path.string();
@@ -1266,11 +1166,11 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
     c.n_kv_heads = header[4];
     c.vocab_size = std::abs(header[5]);
     c.context_length = header[6];
-    c.tied_embeddings = header[5] > 0;
+    c.tied_embeddings = header[5] > 0;  // the format's one flag, hidden in the sign of the vocabulary size
     if (c.n_heads <= 0 || c.dim <= 0) fail(model.source, ": bad llama2.c header (dim ", c.dim, ", heads ", c.n_heads, ")");
     c.head_dim = c.dim / c.n_heads;
-    c.rope_style = RopeStyle::AdjacentPairs;
-    c.rope_theta = 10000;
+    c.rope_style = RopeStyle::AdjacentPairs;  // Meta's layout, as llama2.c's exporter writes it
+    c.rope_theta = 10000;                     // not in the header: llama2.c's run.c hard-codes both
     c.norm_eps = 1e-5;
     c.bos_id = 1;
     c.eos_ids = {2, 1};  // run.c ends a story when the model starts the next one with BOS
@@ -1286,7 +1186,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
                      ", layers ", L, ", heads ", c.n_heads, ", kv heads ", c.n_kv_heads, ", vocab ", V, ", seq_len ", S,
                      ") needs ", expected);
 
-    const std::byte* cursor = file->data() + 28;
+    const std::byte* cursor = file->data() + 28;  // the arrays follow the header back to back, in this order
     auto next = [&](const char* name, std::vector<int64_t> shape) {
         Tensor t{name, DType::F32, std::move(shape), cursor};
         cursor += t.bytes();
@@ -1320,7 +1220,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
 }
 
 // Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
-// (whose tokenizer defaults to tokenizer.bin beside it).
+// (whose tokenizer defaults to tokenizer.bin beside it). The one entry point programs call.
 inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
     if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
     Model model;
@@ -1591,32 +1491,9 @@ private:
 
     // ---- SentencePiece scores -----------------------------------------------------------------------------------
 
-    void encode_sentencepiece(std::string_view text, std::vector<int>& ids) const {
-        const State& s = *state_;
-        // Split around special pieces; each stretch of plain text gets SentencePiece's dummy-prefix space when it
-        // starts the text or follows a special token, as llama.cpp does.
-        bool after_special = true;
-        size_t start = 0;
-        while (start <= text.size()) {
-            size_t match_at = text.size();
-            int match_id = -1;
-            for (size_t i = start; i < text.size() && match_id < 0; ++i)
-                for (int id : s.sentencepiece_specials) {
-                    const std::string& piece = s.id_to_token[id];
-                    if (text.compare(i, piece.size(), piece) == 0) {
-                        match_at = i;
-                        match_id = id;
-                        break;
-                    }
-                }
-            std::string_view plain = text.substr(start, match_at - start);
-            if (!plain.empty()) encode_sentencepiece_plain(plain, after_special, ids);
-            if (match_id < 0) break;
-            ids.push_back(match_id);
-            after_special = true;
-            start = match_at + s.id_to_token[match_id].size();
-        }
-    }
+    // Splits around control and user-defined pieces written in the text ("<s>"), which become their ids; each stretch of
+    // plain text between them goes through encode_sentencepiece_plain (appendix E).
+    void encode_sentencepiece(std::string_view text, std::vector<int>& ids) const;
 
     void encode_sentencepiece_plain(std::string_view plain, bool dummy_prefix, std::vector<int>& ids) const {
         const State& s = *state_;
@@ -2081,10 +1958,13 @@ inline void dot_row(const std::byte* row, const float* x, size_t x_stride, size_
 #endif
 }
 
+// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ, one thread's share. Tiles of 16 weight rows stay in
+// cache while the tokens pass over them four at a time, so at decode (T = 1) the weights stream from memory exactly
+// once, and at prefill each weight byte read serves up to four tokens' multiply-adds.
 template <DType dtype>
 inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end) {
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
-    const size_t row_bytes = K * dtype_size(dtype);
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
     constexpr size_t rows_per_tile = 16;  // 16 weight rows stay in L1/L2 while every token tile passes over them
     for (size_t tile = row_begin; tile < row_end; tile += rows_per_tile) {
         size_t tile_end = std::min(row_end, tile + rows_per_tile);
@@ -2149,6 +2029,7 @@ inline void rms_norm(const float* x, const Tensor& gain, size_t width, double ep
 }
 
 // The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
+// Low frequencies (long wavelengths) carry position over long distances; scaling them stretches a model's context.
 inline std::vector<double> rope_inverse_frequencies(const Model& model) {
     const ModelConfig& c = model.config;
     const int half = c.head_dim / 2;
@@ -2177,7 +2058,7 @@ inline std::vector<double> rope_inverse_frequencies(const Model& model) {
     return inverse;
 }
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }  // x · sigmoid(x)
 
 }  // namespace detail
 
@@ -2185,7 +2066,7 @@ inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // state allocates nothing per token.
 class ForwardPass {
 public:
-    ForwardPass(const Model& model, ThreadPool& pool)
+    ForwardPass(const Model& model, ThreadPool& pool)  // keeps both by reference: they outlive the pass
         : model_(model), pool_(pool), inverse_frequencies_(detail::rope_inverse_frequencies(model)) {}
 
     const Model& model() const { return model_; }
@@ -2200,7 +2081,7 @@ public:
             fail("batch: tokens, positions, sequences and wants_logits differ in length");
         const size_t D = c.dim, Dh = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, V = c.vocab_size;
         const size_t q_width = H * Dh, kv_width = Hkv * Dh;
-        resize(static_cast<size_t>(T));
+        resize(static_cast<size_t>(T));  // grows only: the steady state allocates nothing
 
         // Where each token's K/V go, and the cos/sin of its rotation (shared by all layers and heads).
         int longest = 0;
@@ -2221,7 +2102,7 @@ public:
                 rope_cos_[t * (Dh / 2) + i] = static_cast<float>(std::cos(angle));
                 rope_sin_[t * (Dh / 2) + i] = static_cast<float>(std::sin(angle));
             }
-            model_.embedding.read_row(token, &x_[t * D]);
+            model_.embedding.read_row(token, &x_[t * D]);  // the residual stream starts as the token's embedding
         }
         if (scores_.size() < static_cast<size_t>(pool_.size()) * longest) scores_.resize(static_cast<size_t>(pool_.size()) * longest);
         // Attention's multiply-adds in one layer: each token reads Dh keys and Dh values per position it sees, per head.
@@ -2230,7 +2111,7 @@ public:
 
         for (int l = 0; l < c.n_layers; ++l) {
             const LayerWeights& w = model_.layers[l];
-            // Attention block.
+            // Attention block: each token looks at its sequence's earlier tokens through their cached K and V.
             pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
             });
@@ -2247,14 +2128,14 @@ public:
                 for (size_t item = begin; item < end; ++item) attend(batch, cache, l, item / H, item % H, thread);
             });
             detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
-            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
+            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];  // residual: the block adds to the stream
 
-            // MLP block.
+            // MLP block: per token, no mixing across positions; two thirds of a layer's weights live here.
             pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
             });
             detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
-            for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
+            for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];  // SwiGLU: a gated activation
             detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
         }
@@ -2288,7 +2169,8 @@ private:
         slot_offset_.resize(T);
     }
 
-    // Per-head RMSNorm (qwen3), then the rotation by this token's position.
+    // Per-head RMSNorm (qwen3), then the rotation by this token's position. RoPE turns each pair of dimensions by an
+    // angle proportional to the position, so q·k depends only on how far apart two tokens are.
     void position_heads(float* head, const Tensor& norm, size_t t) {
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, half = Dh / 2;
@@ -2304,17 +2186,19 @@ private:
         }
     }
 
-    // One query head of one token over its sequence's cached keys and values.
+    // One query head of one token over its sequence's cached keys and values: scores = q·k / sqrt(Dh) for every
+    // visible position, softmax (shifted by the maximum so exp cannot overflow), then the weighted sum of the values.
+    // Its cost grows with the context: at long contexts decode reads more KV-cache bytes than weight bytes.
     void attend(const Batch& batch, const KVCache& cache, int layer, size_t t, size_t h, int thread) {
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, q_width = static_cast<size_t>(c.n_heads) * Dh;
-        const size_t kv_head = h / static_cast<size_t>(c.n_heads / c.n_kv_heads);
+        const size_t kv_head = h / static_cast<size_t>(c.n_heads / c.n_kv_heads);  // GQA: H / Hkv query heads share it
         const int position = batch.positions[t];
-        const int first = c.sliding_window > 0 ? std::max(0, position - c.sliding_window + 1) : 0;
+        const int first = c.sliding_window > 0 ? std::max(0, position - c.sliding_window + 1) : 0;  // Mistral's window
         const std::vector<int>& table = cache.block_table(batch.sequences[t]);
         const int B = cache.block_size();
         const float* q = &q_[t * q_width + h * Dh];
-        float* scores = &scores_[static_cast<size_t>(thread) * (scores_.size() / pool_.size())];
+        float* scores = &scores_[static_cast<size_t>(thread) * (scores_.size() / pool_.size())];  // this thread's row
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
 
         float max_score = -std::numeric_limits<float>::infinity();
@@ -2342,9 +2226,11 @@ private:
     const Model& model_;
     ThreadPool& pool_;
     std::vector<double> inverse_frequencies_;  // [Dh/2]
-    size_t capacity_ = 0;
-    std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_, scores_, logits_;
-    std::vector<int> slot_block_, slot_offset_;
+    size_t capacity_ = 0;                      // the largest T the buffers hold
+    std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_;  // shapes in resize()
+    std::vector<float> scores_;  // [threads, longest position + 1] attention scores, one row per thread
+    std::vector<float> logits_;  // [rows, V] the returned logits
+    std::vector<int> slot_block_, slot_offset_;  // [T] where each token's K/V go: block and slot
 };
 
 // ---- Where the forward pass runs ------------------------------------------------------------------------------------
@@ -2591,11 +2477,25 @@ private:
 // context runs out, streaming text as it completes. Every layer is timed, so a user sees where the time went
 // (chapter 01). The engine (section 06) runs many of these at once.
 
+// Why a request ended, with OpenAI's names: an end id or a stop string, max_tokens or the context, a cancel, or a
+// request that could never run.
+enum class FinishReason { Stop, Length, Cancelled, Error };
+
+inline const char* finish_reason_name(FinishReason reason) {
+    switch (reason) {
+        case FinishReason::Stop: return "stop";
+        case FinishReason::Length: return "length";
+        case FinishReason::Cancelled: return "cancelled";
+        case FinishReason::Error: return "error";
+    }
+    return "?";
+}
+
 struct GenerationResult {
     std::vector<int> prompt_ids;
     std::vector<int> generated_ids;
     std::string text;           // the generated text (without the prompt)
-    std::string finish_reason;  // "stop" (EOS) or "length" (max_tokens or the context)
+    FinishReason finish_reason = FinishReason::Length;  // Stop (an end id) or Length (max_tokens or the context)
     uint64_t seed = 0;
     LayerTimes times;
 };
@@ -2642,7 +2542,9 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     result.seed = sampler.seed();
     sampler.set_prompt(result.prompt_ids);
 
-    const int total = std::min(c.context_length, prompt_length + params.max_tokens);
+    // One sequence needs one block table: the cache is sized for exactly this request (64-bit sum: max_tokens may be
+    // anything up to INT_MAX).
+    const int total = static_cast<int>(std::min<int64_t>(c.context_length, int64_t{prompt_length} + params.max_tokens));
     KVCache cache(c, (total + 15) / 16, 16);
     cache.reserve(0, total);
     ForwardPass forward(model, pool);
@@ -2654,10 +2556,10 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     std::vector<int> stop_ids = c.eos_ids;
     if (tokenizer) stop_ids.insert(stop_ids.end(), tokenizer->eos_ids().begin(), tokenizer->eos_ids().end());
 
+    // Prefill: the whole prompt in one batch, logits only for its last token (the others' would be thrown away).
     Batch batch;
     for (int i = 0; i < prompt_length; ++i) batch.add(result.prompt_ids[i], i, 0, i == prompt_length - 1);
-    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
-    result.finish_reason = "length";
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));  // [V] a copy: the sampler edits it in place
     // Stops at max_tokens or when prompt + output fill the context (the model knows no later positions).
     for (int position = prompt_length; position < total; ++position) {
         Stopwatch clock;
@@ -2668,7 +2570,7 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
         int next = sampler.sample(logits);
         result.times.sample += clock.seconds();
         if (!params.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
-            result.finish_reason = "stop";
+            result.finish_reason = FinishReason::Stop;
             break;
         }
         sampler.accept(next);
@@ -2681,7 +2583,7 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
             if (on_text && !piece.empty()) on_text(piece);
         }
         batch.clear();
-        batch.add(next, position, 0, true);
+        batch.add(next, position, 0, true);  // decode: the next step reads only the token just sampled
     }
     if (stream) {
         std::string rest = stream->finish();
@@ -2912,6 +2814,8 @@ inline void KVCache::commit(int sequence, std::span<const int> tokens, int n_com
 // over 64 decode tokens reads the weights once, as one token does: decode throughput grows with the batch until the
 // matmuls turn compute-bound. Cost of the scheduling itself: O(sequences) per step. (chapter 06, chapter 08)
 
+// Continuous: admit new requests into any step with room (the default, and what serving engines do). Static: the
+// baseline chapter 06 measures it against, a batch at a time.
 enum class SchedulePolicy { Continuous, Static };
 
 struct SchedulerConfig {
@@ -2924,9 +2828,9 @@ struct SchedulerConfig {
 // their K/V in the cache. tokens.size() - computed == 1 is a decode; more is (the rest of) a prefill.
 struct Sequence {
     int id = 0;
-    std::vector<int> tokens;
+    std::vector<int> tokens;  // prompt, then each sampled id: a preempted sequence recomputes all of them
     int prompt_length = 0;
-    int computed = 0;
+    int computed = 0;         // tokens[0, computed) have K/V in the cache
     int cached_tokens = 0;  // prefix-cache hits at the last admission
     int preemptions = 0;
     int remaining() const { return static_cast<int>(tokens.size()) - computed; }
@@ -2940,6 +2844,7 @@ struct ScheduledChunk {
     bool sample;
 };
 
+// One step's work: the chunks in batch order, and what it cost the queue.
 struct SchedulePlan {
     std::vector<ScheduledChunk> chunks;
     int prefill_tokens = 0, decode_tokens = 0;
@@ -2947,6 +2852,7 @@ struct SchedulePlan {
     int prefix_hit_tokens = 0;  // tokens admitted sequences found in the prefix cache
 };
 
+// Holds pointers to the sequences it schedules; their owner (the Engine) keeps them alive until remove().
 class Scheduler {
 public:
     explicit Scheduler(SchedulerConfig config) : config_(config) {
@@ -2966,9 +2872,10 @@ public:
         std::erase(waiting_, sequence);
     }
 
+    // The next step's plan. It also reserves the KV blocks each chunk will write, so the forward pass never runs out.
     SchedulePlan schedule(KVCache& cache) {
         SchedulePlan plan;
-        int budget = config_.max_batch_tokens;
+        int budget = config_.max_batch_tokens;  // tokens left for this step
         // Decode tokens first: a running sequence waits at most one step for its next token. Then the partial prefills.
         for (int pass = 0; pass < 2; ++pass) {
             for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -2987,7 +2894,7 @@ public:
         while (admit && !waiting_.empty() && static_cast<int>(running_.size()) < config_.max_seqs &&
                (budget > 0 || config_.policy == SchedulePolicy::Static)) {
             Sequence* s = waiting_.front();
-            int hit = cache.match_prefix(s->id, s->tokens);
+            int hit = cache.match_prefix(s->id, s->tokens);  // a cached prefix is already computed: skip its prefill
             s->computed = hit;
             int count = std::min(s->remaining(), budget);
             // A new sequence never preempts a running one: if its blocks are not there, it waits (first come, first
@@ -3010,6 +2917,7 @@ public:
     }
 
 private:
+    // Whether s already has a chunk this step (a sequence appears at most once in a batch).
     static bool planned(const SchedulePlan& plan, const Sequence* s) {
         return std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const ScheduledChunk& c) { return c.sequence == s; });
     }
@@ -3017,6 +2925,7 @@ private:
         return static_cast<size_t>(std::find(running_.begin(), running_.end(), s) - running_.begin());
     }
 
+    // The chunk samples only if it reaches the sequence's last token: a partial prefill has nothing to sample yet.
     void add_chunk(SchedulePlan& plan, Sequence* s, int count) {
         bool sample = s->computed + count == static_cast<int>(s->tokens.size());
         plan.chunks.push_back({s, s->computed, count, sample});
@@ -3052,7 +2961,7 @@ private:
     }
 
     SchedulerConfig config_;
-    std::deque<Sequence*> waiting_;
+    std::deque<Sequence*> waiting_;   // first come, first served; a preempted sequence goes back to the front
     std::vector<Sequence*> running_;  // in admission order: the back is preempted first
 };
 
@@ -3062,13 +2971,14 @@ private:
 // what could be the start of a stop string) and returns what happened as events. EngineLoop runs step() on its own
 // thread for callers on others (the server's HTTP threads).
 
+// How the engine is built: its scheduler, its KV pool and its device. Defaults suit one model on one machine.
 struct EngineConfig {
     SchedulerConfig scheduler;
-    int block_size = 16;
+    int block_size = 16;           // B: smaller wastes less of a sequence's last block, larger means shorter tables
     int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
     size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
-    bool prefix_caching = true;
-    Device device = Device::Cpu;   // where the forward pass runs (section 5b); the rest of the engine is the same
+    bool prefix_caching = true;    // off: every prompt is prefilled in full (chapter 05 measures the difference)
+    Device device = Device::Cpu;   // where the forward pass runs (section 07); the rest of the engine is the same
     CudaOptions cuda;              // with Device::Cuda
 };
 
@@ -3079,8 +2989,8 @@ struct Event {
     std::vector<TokenLogprob> logprobs;  // one per id in token_ids, when the request asked for them
     std::string text;            // new text (held-back text comes later, or never if it turns out to be a stop string)
     bool finished = false;
-    std::string finish_reason;   // when finished: "stop", "length", "cancelled" or "error"
-    std::string error;           // when finish_reason is "error": why
+    FinishReason finish_reason = FinishReason::Length;  // when finished
+    std::string error;           // when finish_reason is Error: why
 };
 
 // Where one request's time went, in seconds: waiting (in the queue, or running but left out of a step), and its share
@@ -3099,14 +3009,15 @@ struct RequestTimes {
     RequestBreakdown breakdown;
 };
 
+// Everything a finished request leaves behind; take_result() hands it over once.
 struct RequestResult {
     int id = 0;
     std::vector<int> prompt_ids, generated_ids;
     std::vector<TokenLogprob> logprobs;  // one per generated id, when the request asked for them
     std::string text;            // the output text, ending before a matched stop string
-    std::string finish_reason;   // "stop", "length", "cancelled" or "error"
-    std::string error;
-    uint64_t seed = 0;
+    FinishReason finish_reason = FinishReason::Length;
+    std::string error;           // why, when finish_reason is Error
+    uint64_t seed = 0;           // the sampler's seed: given, or drawn and reported so the run can be repeated
     int cached_tokens = 0;       // prompt tokens found in the prefix cache at the last admission
     int preemptions = 0;
     RequestTimes times;
@@ -3127,7 +3038,8 @@ struct EngineTotals {
 class Engine {
 public:
     // `tokenizer` streams text and encodes string prompts (nullptr: the model's own, when it has one; without one
-    // only ids come out, and stop strings are refused).
+    // only ids come out, and stop strings are refused). The engine keeps references to `model` and `pool`, which
+    // must outlive it, and its own copy of the tokenizer.
     Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
         : model_(model), config_(config), forward_(model, pool, config.device, config.cuda), scheduler_(config.scheduler),
           cache_(model.config, pool_blocks(model.config, config), config.block_size) {
@@ -3147,7 +3059,7 @@ public:
 
     // Queues a request and returns its id. A request that can never run (empty prompt, prompt + max_tokens beyond the
     // context, more blocks than the whole pool, a bad parameter) is not thrown back: the next step() reports it as an
-    // "error" event whose message names the sizes, as a server answers one bad request without stopping.
+    // Error event whose message names the sizes, as a server answers one bad request without stopping.
     int add_request(std::vector<int> prompt_ids, const SamplingParams& params, std::vector<std::string> stop = {}) {
         auto request = std::make_unique<Request>();
         Request& r = *request;
@@ -3166,8 +3078,8 @@ public:
         }
         const int id = r.seq.id;
         requests_[id] = std::move(request);
-        if (!problem.empty()) finish_later(id, "error", problem);
-        else if (params.max_tokens == 0) finish_later(id, "length", "");
+        if (!problem.empty()) finish_later(id, FinishReason::Error, problem);
+        else if (params.max_tokens == 0) finish_later(id, FinishReason::Length, "");
         else scheduler_.add(&requests_[id]->seq);
         return id;
     }
@@ -3177,7 +3089,7 @@ public:
         return add_request(tokenizer_->encode(prompt), params, std::move(stop));
     }
 
-    // Stops a request at the next step: its blocks go back to the pool and it finishes with "cancelled".
+    // Stops a request at the next step: its blocks go back to the pool and it finishes as Cancelled.
     // Unknown or finished ids are ignored (the request may have finished meanwhile).
     void cancel(int id) {
         auto found = requests_.find(id);
@@ -3186,59 +3098,27 @@ public:
 
     bool has_work() const { return !scheduler_.empty() || !pending_finish_.empty() || !cancelled_.empty(); }
 
+    // One step of the engine, in four parts: schedule → forward → sample → emit. Returns what happened to each request.
     std::vector<Event> step() {
         std::vector<Event> events;
         StepStats stats;
         stats.start = now();
         Stopwatch clock;
-        for (int id : std::exchange(cancelled_, {}))
-            if (requests_.count(id) && !requests_[id]->done) finish(id, "cancelled", "", events);
-        for (auto& [id, reason, message] : std::exchange(pending_finish_, {}))
-            if (!requests_.at(id)->done) finish(id, reason, message, events);
+        finish_waiting(events);  // cancelled requests, and ones refused by add_request, end before anything runs
 
+        // Schedule: which tokens of which sequences go into this forward pass (and who is preempted to make room).
         SchedulePlan plan = scheduler_.schedule(cache_);
-        batch_.clear();
-        for (const ScheduledChunk& chunk : plan.chunks) {
-            Request& r = request_of(chunk.sequence);
-            if (r.times.first_scheduled < 0) r.times.first_scheduled = stats.start;
-            for (int i = 0; i < chunk.count; ++i) {
-                int position = chunk.start + i;
-                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
-            }
-        }
+        fill_batch(plan, stats.start);
         stats.schedule = clock.seconds();
+
+        // Forward: one pass over the whole batch, logits only for the rows that sample.
         clock.restart();
         std::span<const float> logits = forward_.forward(batch_, cache_);
         stats.forward = clock.seconds();
 
-        size_t row = 0;
-        std::vector<bool> before_first_token;
-        for (const ScheduledChunk& chunk : plan.chunks) {
-            Sequence& s = *chunk.sequence;
-            before_first_token.push_back(request_of(&s).times.first_token < 0);
-            request_of(&s).in_step = true;
-            s.computed += chunk.count;
-            cache_.commit(s.id, s.tokens, s.computed);
-            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
-        }
-        for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
-
-        stats.prefill_tokens = plan.prefill_tokens;
-        stats.decode_tokens = plan.decode_tokens;
-        stats.sequences = static_cast<int>(plan.chunks.size());
-        stats.preemptions = plan.preemptions;
-        stats.prefix_hit_tokens = plan.prefix_hit_tokens;
-        stats.blocks_used = cache_.used_block_count();
-        stats.blocks_free = cache_.free_block_count();
-        stats.blocks_cached = cache_.cached_block_count();
-        if (!plan.chunks.empty()) {
-            ++totals_.steps;
-            steps_.push_back(stats);
-        }
-        totals_.prefill_tokens += plan.prefill_tokens;
-        totals_.decode_tokens += plan.decode_tokens;
-        totals_.preemptions += plan.preemptions;
-        totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
+        // Sample and emit: each sequence that reached its last token gets its next id, its text and an event.
+        sample_and_emit(plan, logits, stats, events);
+        record(plan, stats);
         return events;
     }
 
@@ -3267,12 +3147,14 @@ public:
     double now() const { return clock_.seconds(); }
 
 private:
+    // One request's state inside the engine: its sequence (what the scheduler sees) and everything per request that
+    // the model does not know about: its own sampler and seed, its text stream, its stop strings and its clock.
     struct Request {
         Sequence seq;
         SamplingParams params;
         std::vector<std::string> stop;
-        std::optional<Sampler> sampler;
-        std::optional<TextStream> stream;
+        std::optional<Sampler> sampler;     // empty for a request refused at add_request
+        std::optional<TextStream> stream;   // empty without a tokenizer: ids only
         std::string text;    // all text streamed so far (may end in held-back text)
         size_t emitted = 0;  // bytes of `text` already sent in events
         RequestTimes times;
@@ -3282,6 +3164,63 @@ private:
         bool stop_hit = false;  // a stop string was found: the text ends before it
         bool done = false;
     };
+
+    // Requests that end before the step runs: cancelled ones, and ones add_request refused.
+    void finish_waiting(std::vector<Event>& events) {
+        for (int id : std::exchange(cancelled_, {}))
+            if (requests_.count(id) && !requests_[id]->done) finish(id, FinishReason::Cancelled, "", events);
+        for (auto& [id, reason, message] : std::exchange(pending_finish_, {}))
+            if (!requests_.at(id)->done) finish(id, reason, message, events);
+    }
+
+    // The plan's chunks as one Batch; only a chunk's last token asks for logits, and only if it completes the sequence.
+    void fill_batch(const SchedulePlan& plan, double step_start) {
+        batch_.clear();
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Request& r = request_of(chunk.sequence);
+            if (r.times.first_scheduled < 0) r.times.first_scheduled = step_start;
+            for (int i = 0; i < chunk.count; ++i) {
+                int position = chunk.start + i;
+                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
+            }
+        }
+    }
+
+    // After the forward pass: the chunks' tokens are computed (and their full blocks named for prefix caching); each
+    // sequence that sampled gets its next token; every request in the step adds the step to its time breakdown.
+    void sample_and_emit(const SchedulePlan& plan, std::span<const float> logits, StepStats& stats, std::vector<Event>& events) {
+        size_t row = 0;
+        std::vector<bool> before_first_token;
+        for (const ScheduledChunk& chunk : plan.chunks) {
+            Sequence& s = *chunk.sequence;
+            before_first_token.push_back(request_of(&s).times.first_token < 0);
+            request_of(&s).in_step = true;
+            s.computed += chunk.count;
+            cache_.commit(s.id, s.tokens, s.computed);
+            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
+        }
+        for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
+    }
+
+    // The one place step statistics are collected: the step's own record (kept for traces) and the engine's totals.
+    void record(const SchedulePlan& plan, StepStats& stats) {
+        stats.prefill_tokens = plan.prefill_tokens;
+        stats.decode_tokens = plan.decode_tokens;
+        stats.sequences = static_cast<int>(plan.chunks.size());
+        stats.preemptions = plan.preemptions;
+        stats.prefix_hit_tokens = plan.prefix_hit_tokens;
+        stats.blocks_used = cache_.used_block_count();
+        stats.blocks_free = cache_.free_block_count();
+        stats.blocks_cached = cache_.cached_block_count();
+        if (!plan.chunks.empty()) {
+            ++totals_.steps;
+            steps_.push_back(stats);
+        }
+        totals_.prefill_tokens += plan.prefill_tokens;
+        totals_.decode_tokens += plan.decode_tokens;
+        totals_.preemptions += plan.preemptions;
+        totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
+    }
 
     static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
         if (config.block_size <= 0) fail("engine: block_size must be positive, found ", config.block_size);
@@ -3307,10 +3246,12 @@ private:
         for (int id : r.seq.tokens)
             if (id < 0 || id >= model_.config.vocab_size)
                 return concat("prompt token id ", id, " is outside the vocabulary (", model_.config.vocab_size, " tokens)");
-        if (prompt + r.params.max_tokens > context)
+        // In 64 bits: max_tokens may be anything up to INT_MAX, and the sum must not wrap past the check.
+        const int64_t needed = int64_t{prompt} + r.params.max_tokens;
+        if (needed > context)
             return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens,
                                   ") exceed the model's context of ", context, " tokens");
-        const int blocks = (prompt + r.params.max_tokens + cache_.block_size() - 1) / cache_.block_size();
+        const int64_t blocks = (needed + cache_.block_size() - 1) / cache_.block_size();
         if (blocks > cache_.num_blocks())
             return concat("the prompt (", prompt, " tokens) plus max_tokens (", r.params.max_tokens, ") need ", blocks,
                                   " KV blocks of ", cache_.block_size(), " tokens, but the whole pool holds ", cache_.num_blocks());
@@ -3337,8 +3278,8 @@ private:
         }
     }
 
-    void finish_later(int id, std::string reason, std::string message) {
-        pending_finish_.push_back({id, std::move(reason), std::move(message)});
+    void finish_later(int id, FinishReason reason, std::string message) {
+        pending_finish_.push_back({id, reason, std::move(message)});
     }
 
     void sample(Request& r, std::span<const float> row, StepStats& stats, std::vector<Event>& events) {
@@ -3348,7 +3289,7 @@ private:
         const double t = now();
         stats.sample += clock.seconds();
         if (!r.params.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), next) != stop_ids_.end()) {
-            finish(r.seq.id, "stop", "", events);
+            finish(r.seq.id, FinishReason::Stop, "", events);
             return;
         }
         r.sampler->accept(next);
@@ -3369,9 +3310,9 @@ private:
             stats.detokenize += clock.seconds();
         }
         const int generated = static_cast<int>(r.result.generated_ids.size());
-        if (stopped) finish(r.seq.id, "stop", "", events, &event);
+        if (stopped) finish(r.seq.id, FinishReason::Stop, "", events, &event);
         else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
-            finish(r.seq.id, "length", "", events, &event);
+            finish(r.seq.id, FinishReason::Length, "", events, &event);
         else events.push_back(std::move(event));
     }
 
@@ -3405,16 +3346,16 @@ private:
         return false;
     }
 
-    void finish(int id, std::string reason, const std::string& message, std::vector<Event>& events, Event* last = nullptr) {
+    void finish(int id, FinishReason reason, const std::string& message, std::vector<Event>& events, Event* last = nullptr) {
         Request& r = *requests_.at(id);
         Event event = last ? std::move(*last) : Event{};
         event.request_id = id;
-        if (reason == "cancelled" || reason == "error") {
+        if (reason == FinishReason::Cancelled || reason == FinishReason::Error) {
             r.text.resize(r.emitted);  // what was never sent is not part of the result
         } else if (r.stream && !r.stop_hit) {  // the end: flush what the stream and the hold-back kept
             r.text += r.stream->finish();
             emit_text(r, event, true);
-            if (r.stop_hit) reason = "stop";
+            if (r.stop_hit) reason = FinishReason::Stop;
         }
         event.finished = true;
         event.finish_reason = reason;
@@ -3447,15 +3388,15 @@ private:
     Scheduler scheduler_;
     KVCache cache_;
     std::optional<Tokenizer> tokenizer_;
-    std::vector<int> stop_ids_;
-    std::unordered_map<int, std::unique_ptr<Request>> requests_;
-    std::vector<int> cancelled_;
-    std::vector<std::tuple<int, std::string, std::string>> pending_finish_;
+    std::vector<int> stop_ids_;  // the model's end ids and the tokenizer's
+    std::unordered_map<int, std::unique_ptr<Request>> requests_;  // by id; pointers stay put while the scheduler holds them
+    std::vector<int> cancelled_;  // asked for between steps, carried out at the next
+    std::vector<std::tuple<int, FinishReason, std::string>> pending_finish_;
     Batch batch_;
     std::vector<float> logits_;  // [V] the row being sampled (the sampler edits it)
-    std::vector<StepStats> steps_;
+    std::vector<StepStats> steps_;  // one per step that ran: the Chrome trace and chapter 06 read them
     EngineTotals totals_;
-    Stopwatch clock_;
+    Stopwatch clock_;               // every time in RequestTimes and StepStats counts from here
     int next_id_ = 0;
 };
 
@@ -3592,7 +3533,7 @@ inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> ste
             out << ",\n{\"name\":\"" << name << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << us(from)
                 << ",\"dur\":" << std::max(1LL, us(to) - us(from)) << ",\"args\":{\"prompt_tokens\":" << r.prompt_ids.size()
                 << ",\"generated_tokens\":" << r.generated_ids.size() << ",\"cached_tokens\":" << r.cached_tokens
-                << ",\"finish_reason\":\"" << r.finish_reason << "\"}}";
+                << ",\"finish_reason\":\"" << finish_reason_name(r.finish_reason) << "\"}}";
         };
         const double scheduled = t.first_scheduled >= 0 ? t.first_scheduled : t.finished;
         span("queued", t.arrival, scheduled);
@@ -3972,10 +3913,44 @@ inline const char* gguf_tensor_type_name(uint32_t type) {
 
 }  // namespace detail
 
-// ==== B NUMBERS AND THREADS ==========================================================================================
-// The f32 → bf16/f16 roundings and f16 → f32 (with subnormals, infinities and NaN), and the thread pool's insides:
-// between sections a worker spins on an atomic counter for a short while (spin_budget) before it sleeps on it (a futex
-// on Linux, tens of microseconds to wake on a VM). An idle pool therefore costs nothing after the budget runs out.
+// ---- GGUF metadata lookups ----------------------------------------------------------------------------------------
+
+inline const detail::GgufValue* GgufFile::find(const std::string& key) const {
+    auto found = metadata.find(key);
+    return found == metadata.end() ? nullptr : &found->second;
+}
+
+inline int64_t GgufFile::integer(const std::string& key) const {
+    const detail::GgufValue* v = find(key);
+    if (!v) fail(file->path(), ": missing GGUF metadata ", key);
+    if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
+    if (auto* b = std::get_if<bool>(&v->value)) return *b;
+    fail(file->path(), ": GGUF metadata ", key, " is not an integer");
+}
+
+inline int64_t GgufFile::integer_or(const std::string& key, int64_t fallback) const {
+    return find(key) ? integer(key) : fallback;
+}
+
+inline double GgufFile::number_or(const std::string& key, double fallback) const {
+    const detail::GgufValue* v = find(key);
+    if (!v) return fallback;
+    if (auto* d = std::get_if<double>(&v->value)) return *d;
+    if (auto* i = std::get_if<int64_t>(&v->value)) return static_cast<double>(*i);
+    fail(file->path(), ": GGUF metadata ", key, " is not a number");
+}
+
+inline std::string GgufFile::string_or(const std::string& key, std::string fallback) const {
+    const detail::GgufValue* v = find(key);
+    if (!v) return fallback;
+    if (auto* s = std::get_if<std::string>(&v->value)) return *s;
+    fail(file->path(), ": GGUF metadata ", key, " is not a string");
+}
+
+// ==== B NUMBERS, FILES AND THREADS ===================================================================================
+// The f32 → bf16/f16 roundings and f16 → f32 (with subnormals, infinities and NaN), mapping a file, and the thread
+// pool's insides: between sections a worker spins on an atomic counter for a short while (spin_budget) before it
+// sleeps on it (a futex on Linux, tens of microseconds to wake on a VM). An idle pool costs nothing after the budget.
 
 inline uint16_t f32_to_bf16(float value) {
     uint32_t bits = std::bit_cast<uint32_t>(value);
@@ -4091,6 +4066,54 @@ inline void ThreadPool::worker_loop(int thread) {
         if (pending_.fetch_sub(1) == 1) pending_.notify_one();
     }
 }
+
+// ---- Files ----------------------------------------------------------------------------------------------------------
+
+inline MappedFile::MappedFile(const std::filesystem::path& path) : path_(path.string()) {
+#ifdef INFER_HAVE_MMAP
+    int fd = ::open(path_.c_str(), O_RDONLY);
+    if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+        ::close(fd);
+        fail(path_, ": not a regular file");
+    }
+    size_ = static_cast<size_t>(info.st_size);
+    if (size_ > 0) {
+        void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (mapped == MAP_FAILED) {
+            ::close(fd);
+            fail(path_, ": mmap failed: ", std::strerror(errno));
+        }
+        data_ = static_cast<const std::byte*>(mapped);
+    }
+    ::close(fd);  // the mapping keeps the file alive
+#else
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(path_, ": cannot open");
+    in.seekg(0, std::ios::end);
+    size_ = static_cast<size_t>(in.tellg());
+    in.seekg(0);
+    copy_.resize(size_);
+    in.read(reinterpret_cast<char*>(copy_.data()), static_cast<std::streamsize>(size_));
+    data_ = copy_.data();
+#endif
+}
+
+inline MappedFile::~MappedFile() {
+#ifdef INFER_HAVE_MMAP
+    if (data_ && size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
+#endif
+}
+
+inline std::string read_text_file(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(path.string(), ": cannot open");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
 
 // ==== C UNICODE ======================================================================================================
 // UTF-8 decoding and repair, the Unicode categories the split patterns ask for (\p{L}, \p{N}, \s), and NFC
@@ -5271,6 +5294,33 @@ inline const ByteLevelMap& byte_level_map() {
 // decoders; then the builders that read tokenizer.json (+ tokenizer_config.json), a GGUF vocabulary or llama2.c's
 // tokenizer.bin into a Tokenizer's state, refusing by name any component they do not implement.
 
+inline void Tokenizer::encode_sentencepiece(std::string_view text, std::vector<int>& ids) const {
+    const State& s = *state_;
+    // Split around special pieces; each stretch of plain text gets SentencePiece's dummy-prefix space when it
+    // starts the text or follows a special token, as llama.cpp does.
+    bool after_special = true;
+    size_t start = 0;
+    while (start <= text.size()) {
+        size_t match_at = text.size();
+        int match_id = -1;
+        for (size_t i = start; i < text.size() && match_id < 0; ++i)
+            for (int id : s.sentencepiece_specials) {
+                const std::string& piece = s.id_to_token[id];
+                if (text.compare(i, piece.size(), piece) == 0) {
+                    match_at = i;
+                    match_id = id;
+                    break;
+                }
+            }
+        std::string_view plain = text.substr(start, match_at - start);
+        if (!plain.empty()) encode_sentencepiece_plain(plain, after_special, ids);
+        if (match_id < 0) break;
+        ids.push_back(match_id);
+        after_special = true;
+        start = match_at + s.id_to_token[match_id].size();
+    }
+}
+
 inline std::vector<Tokenizer::Segment> Tokenizer::split_added_tokens(std::string_view text, bool normalized) const {
     const State& s = *state_;
     const auto& by_first = s.added_by_first_byte[normalized ? 1 : 0];
@@ -5987,6 +6037,82 @@ inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
     return detail::TokenizerBuilder::from_vocabulary(load_llama2c_tokenizer(path, -1), 1, {2}, path.string());
 }
 
+// ---- Vocabularies in model files ------------------------------------------------------------------------------------
+
+// vocab_size < 0 reads entries until the end of the file (the file itself does not say how many it holds).
+inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size) {
+    MappedFile file(path);
+    detail::ByteReader in(file);  // the same bounds-checked little-endian reads
+    Vocabulary vocab;
+    in.read<uint32_t>();           // max_token_length: not needed
+    for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
+        float score = in.read<float>();
+        int32_t length = in.read<int32_t>();
+        if (length < 0) fail(path.string(), ": token ", id, " has negative length ", length);
+        in.need(static_cast<uint64_t>(length), "a token");
+        std::string piece(reinterpret_cast<const char*>(file.data() + in.position()), static_cast<size_t>(length));
+        in.seek(in.position() + static_cast<size_t>(length));
+        // The file stores "▁" as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n": restore SentencePiece's spelling.
+        auto type = Vocabulary::Type::Normal;
+        if (id == 0) type = Vocabulary::Type::Unknown;
+        else if (id == 1 || id == 2) {
+            type = Vocabulary::Type::Control;
+            piece.erase(std::remove(piece.begin(), piece.end(), '\n'), piece.end());
+        } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
+            type = Vocabulary::Type::Byte;
+        } else {
+            std::string restored;
+            for (char ch : piece) restored += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
+            piece = restored;
+        }
+        vocab.pieces.push_back(piece);
+        vocab.scores.push_back(score);
+        vocab.types.push_back(type);
+    }
+    return vocab;
+}
+
+namespace detail {
+
+inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
+    Vocabulary vocab;
+    const std::string path = gguf.file->path();
+    std::string kind = gguf.string_or("tokenizer.ggml.model", "");
+    vocab.model_name = kind;
+    vocab.model = kind == "llama" ? Vocabulary::Model::Scores
+                : kind == "gpt2"  ? Vocabulary::Model::RankedMerges
+                                  : Vocabulary::Model::Unsupported;
+    if (vocab.model == Vocabulary::Model::Unsupported) return vocab;  // none, or one we cannot read ("bert"): ids work
+    const auto* tokens = gguf.array<std::string>("tokenizer.ggml.tokens");
+    if (!tokens) fail(path, ": missing GGUF metadata tokenizer.ggml.tokens");
+    vocab.pieces = *tokens;
+    if (const auto* scores = gguf.array<double>("tokenizer.ggml.scores")) {
+        if (scores->size() != tokens->size()) fail(path, ": tokenizer.ggml.scores has ", scores->size(), " entries for ", tokens->size(), " tokens");
+        vocab.scores.assign(scores->begin(), scores->end());
+    } else {
+        vocab.scores.assign(tokens->size(), 0.0f);
+    }
+    vocab.types.assign(tokens->size(), Vocabulary::Type::Normal);
+    if (const auto* types = gguf.array<int64_t>("tokenizer.ggml.token_type")) {
+        if (types->size() != tokens->size()) fail(path, ": tokenizer.ggml.token_type has ", types->size(), " entries for ", tokens->size(), " tokens");
+        for (size_t i = 0; i < types->size(); ++i) vocab.types[i] = static_cast<Vocabulary::Type>((*types)[i]);
+    }
+    vocab.unk_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.unknown_token_id", 0));
+    vocab.add_bos = gguf.integer_or("tokenizer.ggml.add_bos_token", kind == "llama") != 0;
+    vocab.add_eos = gguf.integer_or("tokenizer.ggml.add_eos_token", 0) != 0;
+    vocab.add_space_prefix = gguf.integer_or("tokenizer.ggml.add_space_prefix", 1) != 0;
+    vocab.chat_template = gguf.string_or("tokenizer.chat_template", "");
+    if (kind == "gpt2") {
+        const auto* merges = gguf.array<std::string>("tokenizer.ggml.merges");
+        if (!merges) fail(path, ": missing GGUF metadata tokenizer.ggml.merges (needed by a \"gpt2\" vocabulary)");
+        vocab.merges = *merges;
+        vocab.pre = gguf.string_or("tokenizer.ggml.pre", "default");
+    }
+    return vocab;
+}
+
+}  // namespace detail
+
 // ==== F SIMD KERNELS =================================================================================================
 // The AVX2 twin of dot_row_portable (section 04): the same sixteen lanes per token, as two 8-wide FMA accumulators;
 // bf16 and f16 weights are widened in registers. Compiled where the compiler targets AVX2+FMA+F16C (-march=native).
@@ -6103,7 +6229,7 @@ inline std::vector<TensorData> random_weights(const ModelShape& shape, DType dty
         TensorData t{std::move(name), dtype, dims, {}};
         int64_t count = std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<int64_t>());
         float range = is_gain ? 0 : 1.0f / std::sqrt(static_cast<float>(dims.back()));
-        t.bytes.resize(static_cast<size_t>(count) * dtype_size(dtype));
+        t.bytes.resize(static_cast<size_t>(dtype_bytes(dtype, count)));
         for (int64_t i = 0; i < count; ++i) {
             float value = is_gain ? 1.0f : next_uniform() * range;
             if (dtype == DType::F32) std::memcpy(&t.bytes[i * 4], &value, 4);

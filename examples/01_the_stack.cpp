@@ -86,7 +86,7 @@ int main(int argc, char** argv) try {
     // token is never fed back, and a stop token ends the loop without being kept, hence the adjustment.
     const int prompt_tokens = static_cast<int>(result.prompt_ids.size());
     const int generated = static_cast<int>(result.generated_ids.size());
-    const int forward_calls = result.finish_reason == "stop" ? generated + 1 : generated;
+    const int forward_calls = result.finish_reason == infer::FinishReason::Stop ? generated + 1 : generated;
     const int decode_steps = std::max(0, forward_calls - 1);
 
     const infer::ModelConfig& c = model.config;
@@ -94,7 +94,7 @@ int main(int argc, char** argv) try {
                 c.architecture.c_str(), static_cast<double>(model.parameter_count()) / 1e6, pool.size(),
                 pool.size() == 1 ? "" : "s");
     std::printf("prompt %d tokens, generated %d tokens, finish: %s\n\n", prompt_tokens, generated,
-                result.finish_reason.c_str());
+                infer::finish_reason_name(result.finish_reason));
     std::printf("  %-11s %13s %8s\n", "layer", "time", "share");
     print_row("load", times.load, total);
     print_row("tokenize", times.tokenize, total);

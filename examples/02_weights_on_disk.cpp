@@ -126,12 +126,14 @@ bool describe(const infer::Model& model) {
     uint64_t weight_bytes = 0, elements = 0;
     std::string dtypes, arithmetic;
     for (auto [dtype, count] : elements_by_dtype) {
-        weight_bytes += count * infer::dtype_size(dtype);
+        // A type stores `elements` weights in `bytes` bytes: 4/1 for F32, 2/1 for BF16, 34/32 for Q8_0's blocks.
+        const infer::DTypeBlock& block = infer::dtype_block(dtype);
+        std::string per_parameter = std::to_string(block.bytes) + (block.elements == 1 ? "" : "/" + std::to_string(block.elements));
+        weight_bytes += infer::dtype_bytes(dtype, static_cast<int64_t>(count));
         elements += count;
-        dtypes += (dtypes.empty() ? "" : " + ") + std::string(infer::dtype_name(dtype)) + " (" +
-                  std::to_string(infer::dtype_size(dtype)) + " bytes per parameter)";
-        arithmetic += (arithmetic.empty() ? "" : " + ") + grouped(count) + " × " +
-                      std::to_string(infer::dtype_size(dtype));
+        dtypes += (dtypes.empty() ? "" : " + ") + std::string(infer::dtype_name(dtype)) + " (" + per_parameter +
+                  " bytes per parameter)";
+        arithmetic += (arithmetic.empty() ? "" : " + ") + grouped(count) + " × " + per_parameter;
     }
     std::printf("dtype         %s\n", dtypes.c_str());
     std::printf("weights       %s = %s B (%s)\n", arithmetic.c_str(), grouped(weight_bytes).c_str(),

@@ -4,12 +4,17 @@
 //
 // Runs one prefill of N tokens through a Batch, a KVCache and a ForwardPass, then M one-token decode steps, and sets
 // the time per token in each regime against the machine's memory bandwidth, measured in the same run with the same
-// threads. Without -m it uses the built-in demo model. Chapter 04 walks through it.
+// threads. Then it turns the last row of logits into tokens with each of the sampler's settings, and times the
+// sampler against a decode step. Without -m it uses the built-in demo model. Chapter 04 walks through it.
 #include "command_line.hpp"
 #include "infer.hpp"
 #include "measure.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -46,6 +51,120 @@ double layer_flops_per_token(const infer::Model& model) {
     return 2 * elements;
 }
 
+// A token as the vocabulary spells it, for the sampler's table (its id without a tokenizer).
+std::string spelling(const std::optional<infer::Tokenizer>& tokenizer, int id) {
+    if (!tokenizer) return "id " + std::to_string(id);
+    return "\"" + tokenizer->token_text(id) + "\" (" + std::to_string(id) + ")";
+}
+
+// The distribution the logits stand for, at a temperature: softmax(logits / t), likeliest first.
+std::vector<std::pair<double, int>> distribution(const std::vector<float>& logits, double temperature) {
+    const double top = *std::max_element(logits.begin(), logits.end());
+    std::vector<std::pair<double, int>> p;
+    double total = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+        p.emplace_back(std::exp((logits[i] - top) / temperature), static_cast<int>(i));
+        total += p.back().first;
+    }
+    for (auto& [probability, id] : p) probability /= total;
+    std::sort(p.begin(), p.end(), std::greater<>());
+    return p;
+}
+
+// Eight draws from the same logits with the given seed and llama.cpp's command-line defaults.
+std::vector<int> draws(const std::vector<float>& logits, uint64_t seed) {
+    infer::SamplingParams params;
+    params.temperature = 0.8f;
+    params.top_k = 40;
+    params.top_p = 0.95f;
+    params.min_p = 0.05f;
+    params.seed = seed;
+    infer::Sampler sampler(params, static_cast<int>(logits.size()));
+    std::vector<int> ids;
+    for (int i = 0; i < 8; ++i) {
+        std::vector<float> row = logits;  // the sampler edits its input
+        ids.push_back(sampler.sample(row));
+    }
+    return ids;
+}
+
+std::string joined(const std::vector<int>& ids) {
+    std::string text;
+    for (int id : ids) text += (text.empty() ? "" : " ") + std::to_string(id);
+    return text;
+}
+
+// The sampler layer on one row of logits: what each setting keeps, what seeds do, and what it costs.
+void show_sampler(const infer::Model& model, const std::vector<float>& logits, double decode_step_seconds) {
+    std::optional<infer::Tokenizer> tokenizer;
+    if (infer::has_tokenizer(model)) tokenizer = infer::tokenizer_for(model);
+    const auto p = distribution(logits, 1.0);
+    std::printf("\nsampler        on the next token's logits, V = %zu\n", logits.size());
+    std::printf("  greedy       %s, p = %.3f (temperature 0: always this one)\n", spelling(tokenizer, p[0].second).c_str(), p[0].first);
+    std::printf("  next         %s, p = %.3f;  %s, p = %.3f\n", spelling(tokenizer, p[1].second).c_str(), p[1].first,
+                spelling(tokenizer, p[2].second).c_str(), p[2].first);
+    for (double t : {0.5, 1.0, 1.5}) {
+        auto q = distribution(logits, t);
+        double entropy = 0;
+        for (auto [probability, id] : q)
+            if (probability > 0) entropy -= probability * std::log(probability);
+        std::printf("  temperature  %.1f: the likeliest token has p = %.3f, entropy %.2f nats\n", t, q[0].first, entropy);
+    }
+    // Truncation at temperature 1: how many candidates each rule leaves, and the share of the mass they hold.
+    auto kept = [&](size_t n) {
+        double mass = 0;
+        for (size_t i = 0; i < n; ++i) mass += p[i].first;
+        return mass;
+    };
+    size_t top_k = std::min<size_t>(40, p.size());
+    size_t top_p = 0;
+    for (double mass = 0; top_p < p.size() && mass < 0.95; ++top_p) mass += p[top_p].first;
+    size_t min_p = 0;
+    while (min_p < p.size() && p[min_p].first >= 0.05 * p[0].first) ++min_p;
+    std::printf("  top-k 40     keeps %zu tokens, %.1f %% of the probability\n", top_k, 100 * kept(top_k));
+    std::printf("  top-p 0.95   keeps %zu tokens, %.1f %%\n", top_p, 100 * kept(top_p));
+    std::printf("  min-p 0.05   keeps %zu tokens (p >= 0.05 × %.3f), %.1f %%\n", min_p, p[0].first, 100 * kept(min_p));
+
+    // A repetition penalty divides a positive logit of every token already seen: strong enough, greedy moves on.
+    infer::SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.repetition_penalty = 1.3f;
+    {
+        infer::Sampler sampler(greedy, static_cast<int>(logits.size()));
+        const int seen[] = {p[0].second};
+        sampler.set_prompt(seen);
+        std::vector<float> row = logits;
+        std::printf("  repetition   1.3, with %s already in the text: greedy picks %s instead\n",
+                    spelling(tokenizer, p[0].second).c_str(), spelling(tokenizer, sampler.sample(row)).c_str());
+    }
+    std::printf("  seed 7       %s\n", joined(draws(logits, 7)).c_str());
+    std::printf("  seed 7 again %s  (the same: a run can be repeated)\n", joined(draws(logits, 7)).c_str());
+    std::printf("  seed 8       %s\n", joined(draws(logits, 8)).c_str());
+
+    // Cost: a sample is one pass over V, plus a partial sort of what top-k keeps.
+    auto time_sampling = [&](const infer::SamplingParams& params) {
+        infer::Sampler sampler(params, static_cast<int>(logits.size()));
+        std::vector<float> row;
+        const int rounds = 200;
+        infer::Stopwatch clock;
+        for (int i = 0; i < rounds; ++i) {
+            row = logits;
+            sampler.sample(row);
+        }
+        return clock.seconds() / rounds;
+    };
+    infer::SamplingParams defaults;
+    defaults.temperature = 0.8f;
+    defaults.top_k = 40;
+    defaults.top_p = 0.95f;
+    defaults.min_p = 0.05f;
+    defaults.seed = 1;
+    greedy.repetition_penalty = 1;
+    const double greedy_seconds = time_sampling(greedy), default_seconds = time_sampling(defaults);
+    std::printf("  cost         %.1f µs greedy, %.1f µs with temperature, top-k, top-p and min-p; a decode step: %.1f µs\n",
+                greedy_seconds * 1e6, default_seconds * 1e6, decode_step_seconds * 1e6);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -80,11 +199,13 @@ int main(int argc, char** argv) try {
     const double prefill_seconds = clock.seconds();
 
     // Decode: one token per call, each reading every weight again for a single multiply-add per weight.
+    std::vector<float> last_logits;
     clock.restart();
     for (int j = 0; j < M; ++j) {
         batch.clear();
         batch.add((N + j) % V, N + j, 0, true);
-        forward.forward(batch, cache);
+        std::span<const float> logits = forward.forward(batch, cache);
+        if (j == M - 1) last_logits.assign(logits.begin(), logits.end());
     }
     const double decode_seconds = clock.seconds();
 
@@ -125,6 +246,21 @@ int main(int argc, char** argv) try {
                     "               here is limited by per-step overheads more than by DRAM; bench_decode uses\n"
                     "               a model of 0.4 GB per token\n",
                     bytes_per_token / 1e6);
+    // The sampler's demo reads the logits after a real sentence when the model has a tokenizer (the timed prompt's
+    // ids are arbitrary, and so is what follows them).
+    if (infer::has_tokenizer(model)) {
+        std::vector<int> ids = infer::tokenizer_for(model).encode("Once upon a time, there was a little");
+        if (static_cast<int>(ids.size()) <= N + M) {
+            cache.release(0);
+            cache.reserve(2, static_cast<int>(ids.size()));
+            batch.clear();
+            for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 2, i + 1 == ids.size());
+            std::span<const float> logits = forward.forward(batch, cache);
+            last_logits.assign(logits.begin(), logits.end());
+            std::printf("\nprompt         \"Once upon a time, there was a little\" (%zu tokens)", ids.size());
+        }
+    }
+    if (!last_logits.empty()) show_sampler(model, last_logits, decode_seconds / M);
     return 0;
 } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -122,7 +122,7 @@ void print_contiguous_vs_paged(const infer::Model& model, infer::ThreadPool& poo
             generated_of[e.request_id] += static_cast<int>(e.token_ids.size());
             if (e.finished) {
                 running.erase(e.request_id);
-                finished_early += e.finish_reason == "stop";
+                finished_early += e.finish_reason == infer::FinishReason::Stop;
             }
         }
         if (running.empty()) continue;

@@ -117,24 +117,27 @@ inline std::string quote(const std::string& text) {
     return quoted + "'";
 }
 
-// Runs the infer program (INFER_BIN) with arguments and `input` on stdin; captures stdout, stderr and the exit code.
-inline ProgramRun run_infer(const std::vector<std::string>& args, const std::string& input = "") {
-    const char* bin = std::getenv("INFER_BIN");
-    REQUIRE_MESSAGE(bin != nullptr, "INFER_BIN is not set (meson test sets it)");
+// Runs a shell command with `input` on stdin; captures stdout, stderr and the exit code.
+inline ProgramRun run_command(const std::string& command, const std::string& input = "") {
     TempDir dir("run");
     write_file(dir / "in", input);
-    std::string command = quote(bin);
-    for (const auto& arg : args) {
-        command += ' ';
-        command += quote(arg);
-    }
-    command += " > " + quote((dir / "out").string()) + " 2> " + quote((dir / "err").string()) + " < " + quote((dir / "in").string());
-    int status = std::system(command.c_str());
+    std::string redirected = "(" + command + ") > " + quote((dir / "out").string()) + " 2> " +
+                             quote((dir / "err").string()) + " < " + quote((dir / "in").string());
+    int status = std::system(redirected.c_str());
     ProgramRun run;
     run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     run.out = infer::read_text_file(dir / "out");
     run.err = infer::read_text_file(dir / "err");
     return run;
+}
+
+// Runs the infer program (INFER_BIN) with arguments and `input` on stdin.
+inline ProgramRun run_infer(const std::vector<std::string>& args, const std::string& input = "") {
+    const char* bin = std::getenv("INFER_BIN");
+    REQUIRE_MESSAGE(bin != nullptr, "INFER_BIN is not set (meson test sets it)");
+    std::string command = quote(bin);
+    for (const auto& arg : args) command += ' ' + quote(arg);
+    return run_command(command, input);
 }
 
 }  // namespace test

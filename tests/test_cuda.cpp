@@ -66,7 +66,7 @@ struct OwnedTensor {
         tensor.name = "test";
         tensor.dtype = dtype;
         tensor.shape = std::move(shape);
-        bytes.resize(values.size() * infer::dtype_size(dtype));
+        bytes.resize(infer::dtype_bytes(dtype, static_cast<int64_t>(values.size())));
         for (size_t i = 0; i < values.size(); ++i) {
             if (dtype == infer::DType::F32) {
                 std::memcpy(&bytes[i * 4], &values[i], 4);

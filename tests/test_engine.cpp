@@ -220,7 +220,7 @@ TEST_CASE("a small KV pool forces preemption, and every request still completes 
         for (size_t i = 0; i < prompts.size(); ++i) {
             auto result = engine.take_result(ids[i]);
             REQUIRE(result);
-            CHECK(result->finish_reason == "length");
+            CHECK(result->finish_reason == infer::FinishReason::Length);
             CHECK(result->generated_ids == alone(pool, prompts[i], params[i]));
             preempted += result->preemptions;
         }
@@ -256,7 +256,7 @@ TEST_CASE("events: text deltas add up to the result, stop strings are held back 
         }
     }
     REQUIRE(last.size() == 1);
-    CHECK(last[0].finish_reason == "stop");
+    CHECK(last[0].finish_reason == infer::FinishReason::Stop);
     auto result = engine.take_result(id);
     REQUIRE(result);
     CHECK(result->text == plain.text.substr(0, cut));
@@ -282,10 +282,10 @@ TEST_CASE("cancel frees the request's blocks at the next step") {
     bool saw_cancel = false;
     while (engine.has_work())
         for (const infer::Event& e : engine.step())
-            if (e.request_id == a && e.finished) saw_cancel = e.finish_reason == "cancelled";
+            if (e.request_id == a && e.finished) saw_cancel = e.finish_reason == infer::FinishReason::Cancelled;
     CHECK(saw_cancel);
-    CHECK(engine.take_result(a)->finish_reason == "cancelled");
-    CHECK(engine.take_result(b)->finish_reason == "length");
+    CHECK(engine.take_result(a)->finish_reason == infer::FinishReason::Cancelled);
+    CHECK(engine.take_result(b)->finish_reason == infer::FinishReason::Length);
     check_pool_idle(engine);
     CHECK(engine.cache().free_block_count() == engine.cache().num_blocks());
     engine.cancel(12345);  // unknown ids are ignored
@@ -307,12 +307,12 @@ TEST_CASE("a request that can never fit gets an error event naming the sizes") {
     while (engine.has_work())
         for (const infer::Event& e : engine.step())
             if (e.finished) finished[e.request_id] = e;
-    CHECK(finished[too_long].finish_reason == "error");
+    CHECK(finished[too_long].finish_reason == infer::FinishReason::Error);
     CHECK(finished[too_long].error == "the prompt (2000 tokens) plus max_tokens (100) exceed the model's context of 2048 tokens");
     CHECK(finished[too_big].error == "the prompt (40 tokens) plus max_tokens (40) need 5 KV blocks of 16 tokens, but the whole pool holds 4");
     CHECK(finished[empty].error.find("the prompt is empty") != std::string::npos);
     CHECK(finished[invalid].error.find("top_p") != std::string::npos);
-    CHECK(finished[fine].finish_reason == "length");
+    CHECK(finished[fine].finish_reason == infer::FinishReason::Length);
     check_pool_idle(engine);
 }
 
@@ -323,7 +323,7 @@ TEST_CASE("EngineLoop: requests submitted from several threads stream their even
     const auto prompts = mixed_prompts(6, stories().config.vocab_size, 9);
     std::mutex mutex;
     std::map<int, std::vector<int>> streamed;
-    std::map<int, std::string> reasons;
+    std::map<int, infer::FinishReason> reasons;
     std::vector<int> ids(prompts.size());
     {
         infer::EngineLoop loop(engine);
@@ -341,7 +341,7 @@ TEST_CASE("EngineLoop: requests submitted from several threads stream their even
         for (size_t i = 0; i < prompts.size(); ++i) CHECK(loop.result(ids[i]).has_value());
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
-        CHECK(reasons[ids[i]] == "length");
+        CHECK(reasons[ids[i]] == infer::FinishReason::Length);
         CHECK(streamed[ids[i]] == alone(pool, prompts[i], seeded(16, i)));
     }
     check_pool_idle(engine);
@@ -420,7 +420,7 @@ TEST_CASE("infer run-batch: OpenAI Batch lines in, one output line each, in orde
         CHECK(lines[0].at("response").at("status_code").as_int() == 200);
         CHECK(a.at("object").as_string() == "text_completion");
         CHECK(a.at("choices").as_array()[0].at("text").as_string() == expected.text);
-        CHECK(a.at("choices").as_array()[0].at("finish_reason").as_string() == expected.finish_reason);
+        CHECK(a.at("choices").as_array()[0].at("finish_reason").as_string() == infer::finish_reason_name(expected.finish_reason));
         CHECK(a.at("usage").at("completion_tokens").as_int() == static_cast<int64_t>(expected.generated_ids.size()));
         // The chat reply.
         const infer::Json& b = lines[1].at("response").at("body");

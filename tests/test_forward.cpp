@@ -174,13 +174,13 @@ TEST_CASE("generation stops at EOS unless told to ignore it, and at max_tokens")
     params.max_tokens = 7;
     infer::GenerationResult result = infer::generate(model, pool, "Once upon a time", params);
     CHECK(result.generated_ids.size() == 7);
-    CHECK(result.finish_reason == "length");
+    CHECK(result.finish_reason == infer::FinishReason::Length);
     // Make EOS the model's only choice: with EOS among its eos_ids the run stops at once.
     infer::Model eos_model = infer::load_model(test::shared_dir() / "models/stories260K/stories260K.gguf");
     eos_model.config.eos_ids = {432};  // "," is the greedy first token after this prompt
     result = infer::generate(eos_model, pool, "Once upon a time", params);
     CHECK(result.generated_ids.empty());
-    CHECK(result.finish_reason == "stop");
+    CHECK(result.finish_reason == infer::FinishReason::Stop);
     params.ignore_eos = true;
     result = infer::generate(eos_model, pool, "Once upon a time", params);
     CHECK(result.generated_ids.size() == 7);

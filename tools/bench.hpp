@@ -891,7 +891,7 @@ inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, 
     EngineRun run{batch, input_len, output_len, engine.now() - begin, {}, engine.steps()};
     for (int id : ids) {
         infer::RequestResult result = *engine.take_result(id);
-        if (result.finish_reason == "error") infer::fail("engine bench: ", result.error);
+        if (result.finish_reason == infer::FinishReason::Error) infer::fail("engine bench: ", result.error);
         const infer::RequestTimes& t = result.times;
         RequestRecord r;
         r.success = true;

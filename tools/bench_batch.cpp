@@ -3,7 +3,7 @@
 //
 //   bench_batch INFER_BINARY [--model DIR] [--requests N] [--max-seqs N] [--seed S] [-t THREADS]
 //
-// The workload is the engine issue's: N requests (default 64) with prompts of 16–256 token ids and max_tokens of
+// The workload: N requests (default 64) with prompts of 16–256 token ids and max_tokens of
 // 8–256, greedy, ignoring EOS so every policy does exactly the same work. It is written as an OpenAI Batch file and
 // run through `infer run-batch` three ways: one request at a time (--max-seqs 1), static batching and continuous
 // batching (--max-seqs N). Without --model it first writes a 110M-parameter make-model model (the shape of llama2.c's
@@ -107,7 +107,7 @@ double decode_rate(const infer::Model& model, infer::ThreadPool& pool, int runni
         prompts.push_back(prompt);
     }
     for (const infer::RequestResult& r : engine.generate(prompts, params))
-        if (r.finish_reason != "length") throw infer::Error("decode-rate request ended with \"" + r.finish_reason + "\": " + r.error);
+        if (r.finish_reason != infer::FinishReason::Length) throw infer::Error("decode-rate request ended with \"" + std::string(infer::finish_reason_name(r.finish_reason)) + "\": " + r.error);
     double seconds = 0;
     long long tokens = 0;
     for (const infer::StepStats& s : engine.steps())

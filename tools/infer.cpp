@@ -217,7 +217,7 @@ int run_generate(const CommandLine& options) {
                  "\nprompt: %zu tokens, generated: %zu tokens (finish: %s, seed %llu)\n"
                  "prefill: %.1f tokens/s   decode: %.1f tokens/s\n"
                  "time by layer (ms): load %.1f | tokenize %.2f | prefill %.1f | decode %.1f | sample %.2f | detokenize %.2f\n",
-                 result.prompt_ids.size(), result.generated_ids.size(), result.finish_reason.c_str(),
+                 result.prompt_ids.size(), result.generated_ids.size(), infer::finish_reason_name(result.finish_reason),
                  static_cast<unsigned long long>(result.seed), per_second(static_cast<double>(result.prompt_ids.size()), t.prefill),
                  per_second(static_cast<double>(decode_steps), t.decode), load_times.load * 1e3, t.tokenize * 1e3,
                  t.prefill * 1e3, t.decode * 1e3, t.sample * 1e3, t.detokenize * 1e3);
@@ -525,7 +525,7 @@ int run_batch(const CommandLine& options) {
         std::vector<infer::RequestResult> choices;
         for (int id : r.engine_ids) choices.push_back(results.at(id));
         finished.insert(finished.end(), choices.begin(), choices.end());
-        auto error = std::find_if(choices.begin(), choices.end(), [](const auto& c) { return c.finish_reason == "error"; });
+        auto error = std::find_if(choices.begin(), choices.end(), [](const auto& c) { return c.finish_reason == infer::FinishReason::Error; });
         if (error != choices.end()) {
             write_batch_error(out, index, r.custom_id, error->error);
             ++failed;

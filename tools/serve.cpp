@@ -253,7 +253,7 @@ private:
             std::optional<infer::RequestResult> result;
             if (event.finished) result = loop->result(event.request_id);  // runs on the loop's thread, outside its lock
             // A cancelled request's HTTP thread is gone (its client hung up): count it here.
-            if (event.finished && event.finish_reason == "cancelled")
+            if (event.finished && event.finish_reason == infer::FinishReason::Cancelled)
                 metrics_.add("infer:request_success_total", "finished_reason=\"cancelled\"", 1);
             std::lock_guard lock(pending->mutex);
             pending->events.push_back(event);
@@ -375,8 +375,8 @@ private:
                 pending.results.erase(found);
             }
             if (++s.finished < static_cast<int>(s.choices.size())) {  // another choice still runs: end this one's stream
-                if (s.streaming && s.choices[index].result->finish_reason != "error" &&
-                    !send_chunk(s, sink, event, index, s.choices[index].result->finish_reason))
+                if (s.streaming && s.choices[index].result->finish_reason != infer::FinishReason::Error &&
+                    !send_chunk(s, sink, event, index, infer::finish_reason_name(s.choices[index].result->finish_reason)))
                     return cancel(s);
                 continue;
             }
@@ -406,7 +406,7 @@ private:
         const infer::RequestResult& last = results[index];
         const infer::RequestResult* failed = nullptr;
         for (const infer::RequestResult& result : results)
-            if (result.finish_reason == "error") failed = &result;
+            if (result.finish_reason == infer::FinishReason::Error) failed = &result;
         Timing& t = s.timing;
         t.engine = last.times.breakdown;
         t.http_write = s.arrival->seconds() - s.finish_seen;
@@ -419,7 +419,7 @@ private:
                 std::string data = sse(error_body(500, failed->error));
                 ok = sink.write(data.data(), data.size());
             } else {
-                ok = send_chunk(s, sink, event, index, last.finish_reason, s.include_usage ? nullptr : &t);
+                ok = send_chunk(s, sink, event, index, infer::finish_reason_name(last.finish_reason), s.include_usage ? nullptr : &t);
                 if (ok && s.include_usage) {
                     std::string data = sse(with_timing(usage_chunk_body(s.head, results), t));
                     ok = sink.write(data.data(), data.size());
@@ -463,8 +463,8 @@ private:
             metrics_.add("infer:request_layer_seconds_total", std::string("layer=\"") + layer + "\"", seconds);
         const double before_engine = s.timing.http_parse + s.timing.tokenize + s.timing.route;
         for (const infer::RequestResult& result : results) {
-            if (result.finish_reason != "cancelled")
-                metrics_.add("infer:request_success_total", "finished_reason=\"" + result.finish_reason + "\"", 1);
+            if (result.finish_reason != infer::FinishReason::Cancelled)
+                metrics_.add("infer:request_success_total", "finished_reason=\"" + std::string(infer::finish_reason_name(result.finish_reason)) + "\"", 1);
             metrics_.add("infer:generation_tokens_total", "", static_cast<double>(result.generated_ids.size()));
             const infer::RequestTimes& t = result.times;
             if (t.first_token >= 0) metrics_.observe("infer:time_to_first_token_seconds", before_engine + t.first_token - t.arrival);

@@ -389,7 +389,7 @@ inline std::string completion_body(const ResponseHead& head, std::span<const inf
         if (head.chat) out += "\"message\":{\"role\":\"assistant\",\"content\":" + json_string(result.text) + "}";
         else out += "\"text\":" + json_string(result.text);
         out += ",\"logprobs\":" + logprobs_json(head, result.logprobs, logprobs);
-        out += ",\"finish_reason\":\"" + result.finish_reason + "\"}";
+        out += ",\"finish_reason\":\"" + std::string(infer::finish_reason_name(result.finish_reason)) + "\"}";
     }
     out += "],\"usage\":" + usage_json(results);
     if (timing) out += ",\"infer_timing\":" + timing_json(*timing);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu/check.sh — issue 7's device run, in one go: build with CUDA, run the GPU tests (every kernel against its CPU
+# tests/gpu/check.sh — the GPU check, in one go: build with CUDA, run the GPU tests (every kernel against its CPU
 # twin, whole models against the CPU path, greedy ids, batch invariance), a CLI smoke test, then measure the card (copy
 # bandwidth, cuBLAS bf16 matmul rate) and benchmark a Llama-3.2-1B-shaped bf16 model (decode at batch 1, 8, 64; prefill
 # of 2048 tokens). Prints a short table last. About 8 minutes on an H200 with 16 cores, the build included.

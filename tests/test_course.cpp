@@ -1,0 +1,166 @@
+// The course's contracts on the header itself: its sections follow the chapters, a reader meets the lessons before
+// the plumbing, the lessons are commented, and the quick starts in its opening comment (and in chat_template.hpp's)
+// compile and run as standalone files beside the header, as a reader who drops them into a project would build them.
+#include "support.hpp"
+
+#include <future>
+#include <regex>
+
+namespace {
+
+std::filesystem::path source_dir() {
+    const char* dir = std::getenv("INFER_SOURCE");
+    REQUIRE_MESSAGE(dir != nullptr, "INFER_SOURCE is not set (meson test sets it)");
+    return dir;
+}
+
+std::vector<std::string> header_lines() {
+    std::vector<std::string> lines;
+    std::istringstream in(infer::read_text_file(source_dir() / "infer.hpp"));
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+}
+
+struct Section {
+    std::string number, title;  // "04", "FORWARD PASS"; appendices are letters
+    size_t first_line = 0, end_line = 0;
+};
+
+std::vector<Section> sections(const std::vector<std::string>& lines) {
+    static const std::regex banner(R"(^// ==== ([0-9]{2}|[A-Z]) (.+?) =+$)");
+    std::vector<Section> found;
+    for (size_t i = 0; i < lines.size(); ++i) {
+        std::smatch m;
+        if (!std::regex_match(lines[i], m, banner)) continue;
+        if (!found.empty()) found.back().end_line = i;
+        found.push_back({m[1], m[2], i, lines.size()});
+    }
+    return found;
+}
+
+size_t first_line_with(const std::vector<std::string>& lines, std::string_view text) {
+    for (size_t i = 0; i < lines.size(); ++i)
+        if (lines[i].find(text) != std::string::npos) return i;
+    FAIL("the header has no line with " << text);
+    return 0;
+}
+
+// The code block after `heading` in a comment: its lines start with "//   " and end at the next bare "//".
+std::string quick_start(const std::string& text, std::string_view heading) {
+    size_t at = text.find(heading);
+    REQUIRE_MESSAGE(at != std::string::npos, "no quick start headed " << heading);
+    std::istringstream in(text.substr(text.find('\n', at) + 1));
+    std::string code, line;
+    bool started = false;
+    while (std::getline(in, line)) {
+        if (line == "//") {
+            if (started) break;
+            continue;
+        }
+        if (line.rfind("//   ", 0) != 0) break;
+        started = true;
+        code += line.substr(5) + "\n";
+    }
+    return code;
+}
+
+std::string compiler() {
+    const char* cxx = std::getenv("INFER_CXX");
+    return cxx ? cxx : "c++";
+}
+
+// Compiles `source` in `dir` as the header's quick start says: g++ -std=c++20 -O2 -pthread. Returns the compiler's
+// messages, "" on success.
+std::string compile(const std::filesystem::path& dir, const std::string& source, const std::string& name) {
+    test::write_file(dir / (name + ".cpp"), source);
+    std::string command = "cd " + test::quote(dir.string()) + " && " + compiler() + " -std=c++20 -O2 -pthread " + name +
+                          ".cpp -o " + name + " > " + name + ".log 2>&1";
+    if (std::system(command.c_str()) == 0) return "";
+    return "compiling " + name + ".cpp failed:\n" + infer::read_text_file(dir / (name + ".log"));
+}
+
+}  // namespace
+
+TEST_CASE("the header's sections are numbered by the chapters that teach them, in order, appendices last") {
+    std::vector<std::string> lines = header_lines();
+    std::vector<Section> found = sections(lines);
+    REQUIRE(found.size() >= 8);
+    std::string previous;
+    bool in_appendices = false;
+    for (const Section& s : found) {
+        CAPTURE(s.number);
+        bool appendix = std::isalpha(static_cast<unsigned char>(s.number[0]));
+        CHECK((appendix || !in_appendices));  // no lesson after the first appendix
+        in_appendices = in_appendices || appendix;
+        if (!previous.empty() && appendix == std::isalpha(static_cast<unsigned char>(previous[0]))) CHECK(previous < s.number);
+        previous = s.number;
+        if (appendix) continue;
+        // Each numbered section has its chapter, and the chapter opens by pointing at it.
+        bool has_chapter = false;
+        for (const auto& entry : std::filesystem::directory_iterator(source_dir() / "chapters"))
+            has_chapter = has_chapter || entry.path().filename().string().rfind(s.number + "-", 0) == 0;
+        CHECK_MESSAGE(has_chapter, "no chapters/" << s.number << "-*.md for section " << s.title);
+    }
+    CHECK(found.front().number == "01");
+}
+
+TEST_CASE("a reader reaches Tokenizer::encode in the first quarter of the header and ForwardPass::forward in the first third") {
+    std::vector<std::string> lines = header_lines();
+    const double total = static_cast<double>(lines.size());
+    const size_t encode = first_line_with(lines, "std::vector<int> encode(std::string_view text, bool add_special_tokens");
+    const size_t forward = first_line_with(lines, "std::span<const float> forward(const Batch& batch, KVCache& cache) {");
+    CHECK(encode / total < 0.25);
+    CHECK(forward / total < 1.0 / 3.0);
+}
+
+TEST_CASE("every lesson section carries a comment on at least a fifth of its lines") {
+    std::vector<std::string> lines = header_lines();
+    for (const Section& s : sections(lines)) {
+        if (std::isalpha(static_cast<unsigned char>(s.number[0]))) continue;
+        int code = 0, commented = 0;
+        for (size_t i = s.first_line; i < s.end_line; ++i) {
+            const std::string& line = lines[i];
+            if (line.find_first_not_of(' ') == std::string::npos) continue;
+            ++code;
+            commented += line.find("//") != std::string::npos;  // a whole-line comment or one after the code
+        }
+        CAPTURE(s.title);
+        CHECK(commented * 5 >= code);
+    }
+}
+
+TEST_CASE("the quick starts compile as standalone files beside the header, and run") {
+    test::TempDir dir("quick-start");
+    for (const char* file : {"infer.hpp", "chat_template.hpp"}) std::filesystem::copy_file(source_dir() / file, dir / file);
+    const std::string header = infer::read_text_file(source_dir() / "infer.hpp");
+    const std::string companion = infer::read_text_file(source_dir() / "chat_template.hpp");
+    std::string one_request = quick_start(header, "Quick start, one request");
+    std::string engine = quick_start(header, "Quick start, many requests through the engine");
+    std::string chat = quick_start(companion, "Quick start:");
+    REQUIRE(one_request.find("int main()") != std::string::npos);
+    REQUIRE(engine.find("infer::Engine") != std::string::npos);
+    // chat_template.hpp's quick start is three statements: wrap them in a program that prints the rendering.
+    std::string chat_program = "#include <iostream>\n" + chat.substr(0, chat.find('\n') + 1) + "int main() {\n" +
+                               chat.substr(chat.find('\n') + 1) + "std::cout << prompt;\n}\n";
+
+    // Three compilers at once: each takes a while, and the machine has cores for them.
+    auto a = std::async(std::launch::async, compile, dir.path(), one_request, "quick");
+    auto b = std::async(std::launch::async, compile, dir.path(), engine, "engine");
+    auto c = std::async(std::launch::async, compile, dir.path(), chat_program, "chat");
+    std::string errors[] = {a.get(), b.get(), c.get()};
+    for (const std::string& error : errors) CHECK_MESSAGE(error.empty(), error);
+
+    test::ProgramRun chat_run = test::run_command("cd " + test::quote(dir.path().string()) + " && ./chat");
+    CHECK(chat_run.exit_code == 0);
+    CHECK(chat_run.out == "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
+
+    REQUIRE_SHARED_OR_SKIP();
+    std::filesystem::copy_file(test::shared_dir() / "models/stories260K/stories260K.gguf", dir / "stories260K.gguf");
+    for (const char* program : {"quick", "engine"}) {
+        test::ProgramRun run = test::run_command("cd " + test::quote(dir.path().string()) + " && ./" + program);
+        CAPTURE(program);
+        CAPTURE(run.err);
+        CHECK(run.exit_code == 0);
+        CHECK(run.out.size() > 20);  // a story, token by token
+    }
+}
