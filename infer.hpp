@@ -256,6 +256,9 @@ private:
     std::variant<std::monostate, bool, double, std::string, Array, Object> value_;
 };
 
+// `text` as a JSON string literal, quotes included (appendix A). Invalid UTF-8 is written as U+FFFD.
+inline void write_json_string(std::ostream& out, std::string_view text);
+
 // ---- Thread pool ----------------------------------------------------------------------------------------------------
 // A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
 // a few parallel sections per layer, each a fraction of a millisecond, so the hand-off must cost microseconds, not the
@@ -3822,7 +3825,12 @@ private:
     size_t pos_ = 0;
 };
 
+}  // namespace detail
+
 inline void write_json_string(std::ostream& out, std::string_view text) {
+    // JSON text is UTF-8: bytes that are not (a prompt's, a file's) become U+FFFD rather than an unreadable document.
+    std::string repaired;
+    if (detail::find_invalid_utf8(text) != std::string_view::npos) text = repaired = detail::utf8_lossy(text);
     out << '"';
     for (char c : text) {
         if (c == '"' || c == '\\') out << '\\' << c;
@@ -3835,8 +3843,6 @@ inline void write_json_string(std::ostream& out, std::string_view text) {
     }
     out << '"';
 }
-
-}  // namespace detail
 
 inline Json Json::parse(std::string_view text, std::string_view origin) {
     return detail::JsonParser(text, origin).parse_document();
@@ -6187,7 +6193,7 @@ inline void save_safetensors(const std::filesystem::path& path, const std::vecto
     uint64_t offset = 0;
     for (const TensorData& t : tensors) {
         header << ',';
-        detail::write_json_string(header, t.name);
+        write_json_string(header, t.name);
         header << ":{\"dtype\":\"" << dtype_name(t.dtype) << "\",\"shape\":" << shape_string(t.shape)
                << ",\"data_offsets\":[" << offset << ',' << offset + t.bytes.size() << "]}";
         offset += t.bytes.size();

@@ -62,3 +62,14 @@ TEST_CASE("the thread pool covers every index exactly once, repeatedly") {
         }
     }
 }
+
+TEST_CASE("JSON strings are written escaped, and invalid UTF-8 never reaches the output raw") {
+    std::ostringstream out;
+    infer::write_json_string(out, "a\"b\\c\nd\x01");
+    CHECK(out.str() == "\"a\\\"b\\\\c\\nd\\u0001\"");
+    std::ostringstream bad;
+    infer::write_json_string(bad, "ok \xC3(\xFF end");
+    CHECK(bad.str() == "\"ok \xEF\xBF\xBD(\xEF\xBF\xBD end\"");
+    CHECK(infer::detail::find_invalid_utf8(bad.str()) == std::string_view::npos);
+    CHECK(infer::Json::parse(bad.str()).as_string() == "ok \xEF\xBF\xBD(\xEF\xBF\xBD end");
+}

@@ -276,7 +276,7 @@ void write_ids(std::ostream& out, const std::vector<int>& ids) {
 
 void write_error_line(const std::string& message) {
     std::cout << "{\"error\":";
-    infer::detail::write_json_string(std::cout, message);
+    infer::write_json_string(std::cout, message);
     std::cout << "}\n";
 }
 
@@ -326,7 +326,7 @@ int run_detokenize(const CommandLine& options) {
             list.push_back(static_cast<int>(id.as_int()));
         }
         std::cout << "{\"text\":";
-        infer::detail::write_json_string(std::cout, tokenizer.decode(list));
+        infer::write_json_string(std::cout, tokenizer.decode(list));
         std::cout << "}\n";
     });
 }
@@ -351,7 +351,7 @@ int run_render_chat(const CommandLine& options) {
         // The template writes the special tokens itself, so nothing more is added (apply_chat_template's tokenize).
         std::vector<int> ids = tokenizer.encode(text, false);
         std::cout << "{\"text\":";
-        infer::detail::write_json_string(std::cout, text);
+        infer::write_json_string(std::cout, text);
         std::cout << ",\"ids\":";
         write_ids(std::cout, ids);
         std::cout << "}\n";
@@ -425,16 +425,16 @@ BatchRequest parse_batch_line(const infer::Json& line, const serve::RequestConte
 
 void write_batch_error(std::ostream& out, int index, const std::string& custom_id, const std::string& message) {
     out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
-    infer::detail::write_json_string(out, custom_id);
+    infer::write_json_string(out, custom_id);
     out << ",\"response\":null,\"error\":{\"code\":\"invalid_request\",\"message\":";
-    infer::detail::write_json_string(out, message);
+    infer::write_json_string(out, message);
     out << "}}\n";
 }
 
 void write_batch_result(std::ostream& out, int index, const BatchRequest& r, std::span<const infer::RequestResult> choices,
                         const std::string& model_name, long long created, const infer::Tokenizer* tokenizer) {
     out << "{\"id\":\"batch_req_" << index << "\",\"custom_id\":";
-    infer::detail::write_json_string(out, r.custom_id);
+    infer::write_json_string(out, r.custom_id);
     serve::ResponseHead head{(r.request.chat ? "chatcmpl-" : "cmpl-") + std::to_string(index), created,
                              r.request.model.empty() ? model_name : r.request.model, r.request.chat, tokenizer};
     out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":"

@@ -45,7 +45,7 @@ inline const char* error_type(int status) {
 
 inline std::string json_string(std::string_view text) {
     std::ostringstream out;
-    infer::detail::write_json_string(out, text);
+    infer::write_json_string(out, text);
     return out.str();
 }
 
