@@ -420,6 +420,21 @@ struct Tensor {
     }
 };
 
+namespace detail {
+// The number of elements a shape from a file describes, refusing negative dimensions and products past 2^62: a
+// hostile header must get an error here, not an element count that wrapped around and passes the size checks.
+inline int64_t checked_element_count(const std::vector<int64_t>& shape, std::string_view where) {
+    constexpr int64_t limit = int64_t{1} << 62;
+    int64_t count = 1;
+    for (int64_t dim : shape) {
+        if (dim < 0) fail(where, ": negative dimension ", dim);
+        if (dim != 0 && count > limit / dim) fail(where, ": the shape's element count exceeds 2^62");
+        count *= dim;
+    }
+    return count;
+}
+}  // namespace detail
+
 // "[2048, 768]": shapes in messages read as PyTorch prints them.
 inline std::string shape_string(const std::vector<int64_t>& shape) {
     std::string text = "[";
@@ -799,10 +814,8 @@ inline std::unordered_map<std::string, Tensor> read_safetensors(const MappedFile
             else if (dtype == "BF16") tensor.dtype = DType::BF16;
             else if (dtype == "F16") tensor.dtype = DType::F16;
             else fail("unsupported dtype ", dtype, " (supported: F32, BF16, F16)");
-            for (const Json& dim : info.at("shape").as_array()) {
-                if (dim.as_int() < 0) fail("negative dimension in shape");
-                tensor.shape.push_back(dim.as_int());
-            }
+            for (const Json& dim : info.at("shape").as_array()) tensor.shape.push_back(dim.as_int());
+            detail::checked_element_count(tensor.shape, "shape");
             const auto& offsets = info.at("data_offsets").as_array();
             if (offsets.size() != 2) fail("data_offsets must have two entries");
             int64_t begin = offsets[0].as_int(), end = offsets[1].as_int();
@@ -931,6 +944,14 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
         if (!map || !map->is_object()) fail(index_path.string(), ": missing object field \"weight_map\"");
         for (const auto& [name, shard] : map->as_object()) {
             if (!shard.is_string()) fail(index_path.string(), ": weight_map entry ", name, " is not a file name");
+            // A shard is a file beside the index: a path that leaves the folder would let a downloaded model read
+            // (and print the first bytes of) any file on the machine.
+            std::filesystem::path shard_path(shard.as_string());
+            bool inside = !shard_path.empty() && shard_path.is_relative() && shard_path.has_filename();
+            for (const auto& part : shard_path) inside = inside && part != "..";
+            if (!inside)
+                fail(index_path.string(), ": weight_map entry ", name, " names \"", shard.as_string(),
+                     "\", which is not a file inside the model folder");
             if (std::find(shards.begin(), shards.end(), shard.as_string()) == shards.end()) shards.push_back(shard.as_string());
         }
         for (const auto& shard : shards) add_file(folder / shard);
@@ -953,7 +974,7 @@ namespace detail {
 // Little-endian reads from a mapped file, each checked against its end before it happens.
 class ByteReader {
 public:
-    explicit ByteReader(const MappedFile& file) : file_(file) {}
+    explicit ByteReader(const MappedFile& file, const char* format = "GGUF") : file_(file), format_(format) {}
 
     template <class T>
     T read() {
@@ -972,14 +993,15 @@ public:
     }
     void need(uint64_t bytes, const char* what) const {
         if (bytes > file_.size() - pos_)
-            fail(file_.path(), ": truncated GGUF: ", what, " of ", bytes, " bytes at offset ", pos_, " runs past the end (",
-                 file_.size(), " bytes)");
+            fail(file_.path(), ": truncated ", format_, " file: ", what, " of ", bytes, " bytes at offset ", pos_,
+                 " runs past the end (", file_.size(), " bytes)");
     }
     size_t position() const { return pos_; }
     void seek(size_t pos) { pos_ = pos; }
 
 private:
     const MappedFile& file_;
+    const char* format_;  // for messages: "GGUF", "llama2.c tokenizer"
     size_t pos_ = 0;
 };
 
@@ -1046,7 +1068,12 @@ inline GgufFile read_gguf(const std::filesystem::path& path) {
         uint32_t n_dims = in.read<uint32_t>();
         if (n_dims == 0 || n_dims > 4) fail(path.string(), ": tensor ", info.tensor.name, " has ", n_dims, " dimensions");
         std::vector<int64_t> dims(n_dims);
-        for (auto& dim : dims) dim = static_cast<int64_t>(in.read<uint64_t>());
+        for (auto& dim : dims) {
+            uint64_t value = in.read<uint64_t>();
+            if (value > (uint64_t{1} << 62)) fail(path.string(), ": tensor ", info.tensor.name, " has dimension ", value);
+            dim = static_cast<int64_t>(value);
+        }
+        detail::checked_element_count(dims, path.string() + ": tensor " + info.tensor.name);
         std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
         info.tensor.shape = dims;
         uint32_t type = in.read<uint32_t>();  // each tensor its own type: a "Q4_K_M" file mixes several
@@ -1149,6 +1176,27 @@ inline Model load_gguf(const std::filesystem::path& path) {
 // entries until the end of the file (the file itself does not say how many it holds).
 inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size);
 
+namespace detail {
+// Whether the file parses, to its last byte, as llama2.c's tokenizer.bin (u32 max length, then per token a float
+// score, an i32 length and the bytes): the mistake of passing the tokenizer as the model deserves its own message.
+inline bool is_llama2c_tokenizer(const MappedFile& file) {
+    if (file.size() < 4) return false;
+    uint32_t max_length;
+    std::memcpy(&max_length, file.data(), 4);
+    if (max_length == 0 || max_length > 1024) return false;
+    size_t at = 4, tokens = 0;
+    while (at < file.size()) {
+        int32_t length;
+        if (file.size() - at < 8) return false;
+        std::memcpy(&length, file.data() + at + 4, 4);
+        if (length < 0 || static_cast<uint32_t>(length) > max_length || file.size() - at - 8 < static_cast<size_t>(length)) return false;
+        at += 8 + static_cast<size_t>(length);
+        ++tokens;
+    }
+    return tokens >= 3;
+}
+}  // namespace detail
+
 // A llama2.c checkpoint: the header gives the shape; everything else follows from it, so the file size is checked
 // against the shape before any view is made.
 inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path) {
@@ -1158,6 +1206,9 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
     auto file = std::make_shared<MappedFile>(path);
     model.files.push_back(file);
     if (file->size() < 28) fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
+    if (detail::is_llama2c_tokenizer(*file))
+        fail(model.source, ": this is a llama2.c tokenizer file, not a model; give it with --tokenizer and the checkpoint "
+                           "as the model");
     int32_t header[7];
     std::memcpy(header, file->data(), sizeof header);
     ModelConfig& c = model.config;
@@ -1181,6 +1232,12 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
 
     const int64_t D = c.dim, F = c.ffn_dim, L = c.n_layers, V = c.vocab_size, S = c.context_length;
     const int64_t q_width = int64_t{c.n_heads} * c.head_dim, kv_width = int64_t{c.n_kv_heads} * c.head_dim;
+    // The header's numbers come from the file: the size is estimated in floating point first, so that an absurd header
+    // is refused before the exact sum below could overflow 64 bits.
+    const double rough = (static_cast<double>(V) + L * (2.0 * q_width + 2.0 * kv_width + 3.0 * F + 2.0) + S + 1) * D * 4;
+    if (rough > 4e18)
+        fail(model.source, ": llama2.c header (dim ", D, ", hidden ", F, ", layers ", L, ", heads ", c.n_heads, ", vocab ",
+             V, ", seq_len ", S, ") describes more weights than any file holds (is it a llama2.c checkpoint?)");
     const int64_t floats = V * D + L * D + L * D * q_width + 2 * L * D * kv_width + L * q_width * D + L * D +
                            3 * L * F * D + D + S * c.head_dim + (c.tied_embeddings ? 0 : V * D);
     const uint64_t expected = 28 + static_cast<uint64_t>(floats) * 4;
@@ -1225,11 +1282,15 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
 // Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
 // (whose tokenizer defaults to tokenizer.bin beside it). The one entry point programs call.
 inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
-    if (!std::filesystem::exists(path)) fail(path.string(), ": no such file or folder");
+    std::error_code error;
+    if (!std::filesystem::exists(path, error)) fail(path.string(), ": no such file or folder");
     Model model;
-    if (std::filesystem::is_directory(path)) {
+    if (std::filesystem::is_directory(path, error)) {
         model = load_hugging_face(path);
     } else {
+        if (!std::filesystem::is_regular_file(path, error)) fail(path.string(), ": not a regular file or a folder");
+        if (detail::ends_with(path.string(), ".json"))
+            fail(path.string(), ": a JSON file is not a model; give the folder that holds config.json and the weights");
         char magic[4] = {};
         std::ifstream(path, std::ios::binary).read(magic, 4);
         if (std::memcmp(magic, "GGUF", 4) == 0 || detail::ends_with(path.string(), ".gguf")) {
@@ -1264,6 +1325,14 @@ inline std::string utf8_lossy(std::string_view bytes);
 inline bool starts_with(std::string_view text, std::string_view prefix);
 inline bool ends_with_replacement(std::string_view text);  // a character whose remaining bytes are still to come
 class Regex;  // the pre-tokenizers' split patterns (appendix D)
+
+// The byte a byte token stands for: "<0x0A>" is 10. SentencePiece vocabularies spell every byte this way so that any
+// text can be encoded (byte fallback). -1 for anything else, "<0x-8>" and "<0xZZ>" included: files are untrusted.
+inline int byte_token_value(std::string_view piece) {
+    auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+    if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>' || hex(piece[3]) < 0 || hex(piece[4]) < 0) return -1;
+    return hex(piece[3]) * 16 + hex(piece[4]);
+}
 }  // namespace detail
 
 // ---- The pipeline's parts -------------------------------------------------------------------------------------------
@@ -1575,7 +1644,7 @@ private:
         const std::string& piece = token_text(id);
         auto type = s.types[static_cast<size_t>(id)];
         if (type == Vocabulary::Type::Control || type == Vocabulary::Type::Unused) return "";
-        if (type == Vocabulary::Type::Byte) return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+        if (type == Vocabulary::Type::Byte) return std::string(1, static_cast<char>(detail::byte_token_value(piece)));
         std::string text;
         static constexpr std::string_view space_marker = "\xE2\x96\x81";  // ▁
         for (size_t i = 0; i < piece.size();) {
@@ -4077,7 +4146,7 @@ inline void ThreadPool::worker_loop(int thread) {
 
 inline MappedFile::MappedFile(const std::filesystem::path& path) : path_(path.string()) {
 #ifdef INFER_HAVE_MMAP
-    int fd = ::open(path_.c_str(), O_RDONLY);
+    int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open: fstat refuses it below
     if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
     struct stat info {};
     if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
@@ -4113,6 +4182,9 @@ inline MappedFile::~MappedFile() {
 }
 
 inline std::string read_text_file(const std::filesystem::path& path) {
+    // Regular files only: a FIFO or a device would block the read, or never end.
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(path, error)) fail(path.string(), ": not a regular file (or missing)");
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(path.string(), ": cannot open");
     std::ostringstream text;
@@ -5572,10 +5644,9 @@ inline std::vector<std::string> Tokenizer::apply_decoder(const detail::DecoderSt
             byte_count = 0;
         };
         for (std::string& token : tokens) {
-            bool is_byte = token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>' &&
-                           std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4]));
-            if (is_byte) {
-                bytes += static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16));
+            int byte = detail::byte_token_value(token);
+            if (byte >= 0) {
+                bytes += static_cast<char>(byte);
                 ++byte_count;
             } else {
                 flush();
@@ -5612,6 +5683,20 @@ struct TokenizerBuilder {
         Tokenizer tokenizer;
         tokenizer.state_ = std::move(state);
         return tokenizer;
+    }
+
+    // A token id from tokenizer.json: a whole number in [0, 2^24). No vocabulary comes near 16 million tokens, and the
+    // bound keeps a hostile file from asking for gigabytes of id table (or from wrapping an int).
+    static int token_id(const Json& value, const std::string& what, const std::string& file) {
+        constexpr int64_t limit = int64_t{1} << 24;
+        int64_t id = 0;
+        try {
+            id = value.as_int();
+        } catch (const Error& e) {
+            fail(file, ": ", what, ": id: ", e.what());
+        }
+        if (id < 0 || id >= limit) fail(file, ": ", what, " has id ", id, ", outside [0, ", limit, ")");
+        return static_cast<int>(id);
     }
 
     static void find_byte_tokens(State& s) {
@@ -5664,6 +5749,15 @@ struct TokenizerBuilder {
     }
 
     static Tokenizer from_vocabulary(const Vocabulary& vocab, int bos_id, std::vector<int> eos_ids, std::string source) {
+        const int size = static_cast<int>(vocab.pieces.size());
+        auto check_id = [&](int id, const char* what) {
+            if (id < -1 || id >= size) fail(source, ": the ", what, " id ", id, " is outside the vocabulary (", size, " tokens)");
+        };
+        check_id(bos_id, "BOS");
+        check_id(vocab.unk_id, "unknown-token");
+        for (int id : eos_ids) check_id(id, "EOS");
+        if (vocab.types.size() != vocab.pieces.size() || (!vocab.scores.empty() && vocab.scores.size() != vocab.pieces.size()))
+            fail(source, ": the vocabulary's token types or scores do not match its ", size, " tokens");
         auto s = std::make_shared<State>();
         s->source = std::move(source);
         s->id_to_token = vocab.pieces;
@@ -5712,7 +5806,11 @@ struct TokenizerBuilder {
             for (size_t id = 0; id < vocab.pieces.size(); ++id) {
                 const std::string& piece = vocab.pieces[id];
                 auto type = vocab.types[id];
-                if (type == Vocabulary::Type::Byte) s->byte_ids[std::stoi(piece.substr(3, 2), nullptr, 16)] = static_cast<int>(id);
+                if (type == Vocabulary::Type::Byte) {
+                    int byte = byte_token_value(piece);
+                    if (byte < 0) fail(s->source, ": token ", id, " is a byte token but is spelled \"", piece, "\", not <0xHH>");
+                    s->byte_ids[byte] = static_cast<int>(id);
+                }
                 // Pieces matched whole in the input text (parse_special in llama.cpp): control, user-defined, unknown.
                 if ((type == Vocabulary::Type::Control || type == Vocabulary::Type::UserDefined ||
                      type == Vocabulary::Type::Unknown) && !piece.empty())
@@ -5924,12 +6022,11 @@ struct TokenizerBuilder {
 
             const auto& vocab = model.at("vocab").as_object();
             int largest = -1;
-            for (const auto& [token, id] : vocab) largest = std::max(largest, static_cast<int>(id.as_int()));
+            for (const auto& [token, id] : vocab) largest = std::max(largest, token_id(id, "vocab token \"" + token + "\"", file));
             s->id_to_token.resize(static_cast<size_t>(largest + 1));
             s->token_to_id.reserve(vocab.size());
             for (const auto& [token, id] : vocab) {
-                int value = static_cast<int>(id.as_int());
-                if (value < 0) fail(file, ": vocab token \"", token, "\" has a negative id");
+                int value = token_id(id, "vocab token \"" + token + "\"", file);
                 s->id_to_token[static_cast<size_t>(value)] = token;
                 s->token_to_id.emplace(token, value);
             }
@@ -5950,7 +6047,7 @@ struct TokenizerBuilder {
             }
             if (const Json* added = json.find("added_tokens"); added && added->is_array())
                 for (const Json& token : added->as_array())
-                    s->added.push_back({static_cast<int>(token.at("id").as_int()), token.at("content").as_string(),
+                    s->added.push_back({token_id(token.at("id"), "added token", file), token.at("content").as_string(),
                                         Reader::flag(token, "special", false), Reader::flag(token, "lstrip", false),
                                         Reader::flag(token, "rstrip", false), Reader::flag(token, "single_word", false),
                                         Reader::flag(token, "normalized", false)});
@@ -6048,7 +6145,7 @@ inline Tokenizer load_tokenizer(const std::filesystem::path& path) {
 // vocab_size < 0 reads entries until the end of the file (the file itself does not say how many it holds).
 inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int vocab_size) {
     MappedFile file(path);
-    detail::ByteReader in(file);  // the same bounds-checked little-endian reads
+    detail::ByteReader in(file, "llama2.c tokenizer");  // the same bounds-checked little-endian reads
     Vocabulary vocab;
     in.read<uint32_t>();           // max_token_length: not needed
     for (int id = 0; vocab_size < 0 ? in.position() < file.size() : id < vocab_size; ++id) {
@@ -6064,7 +6161,7 @@ inline Vocabulary load_llama2c_tokenizer(const std::filesystem::path& path, int 
         else if (id == 1 || id == 2) {
             type = Vocabulary::Type::Control;
             piece.erase(std::remove(piece.begin(), piece.end(), '\n'), piece.end());
-        } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
+        } else if (detail::byte_token_value(piece) >= 0) {
             type = Vocabulary::Type::Byte;
         } else {
             std::string restored;
@@ -6101,7 +6198,12 @@ inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
     vocab.types.assign(tokens->size(), Vocabulary::Type::Normal);
     if (const auto* types = gguf.array<int64_t>("tokenizer.ggml.token_type")) {
         if (types->size() != tokens->size()) fail(path, ": tokenizer.ggml.token_type has ", types->size(), " entries for ", tokens->size(), " tokens");
-        for (size_t i = 0; i < types->size(); ++i) vocab.types[i] = static_cast<Vocabulary::Type>((*types)[i]);
+        for (size_t i = 0; i < types->size(); ++i) {
+            int64_t type = (*types)[i];  // llama.cpp's token types: 0 undefined (a normal token), 1-6 as Vocabulary::Type
+            if (type < 0 || type > 6)
+                fail(path, ": tokenizer.ggml.token_type of token ", i, " is ", type, ", not a token type (0-6)");
+            vocab.types[i] = type == 0 ? Vocabulary::Type::Normal : static_cast<Vocabulary::Type>(type);
+        }
     }
     vocab.unk_id = static_cast<int>(gguf.integer_or("tokenizer.ggml.unknown_token_id", 0));
     vocab.add_bos = gguf.integer_or("tokenizer.ggml.add_bos_token", kind == "llama") != 0;

@@ -206,3 +206,20 @@ TEST_CASE("a GGUF gpt2 vocabulary (built here) tokenizes as byte-level BPE with 
     test::write_file(dir / "unknown.gguf", unknown);
     CHECK(test::error_of([&] { infer::load_tokenizer(dir / "unknown.gguf"); }).find("tokenizer.ggml.pre \"zzz-9\"") != std::string::npos);
 }
+
+TEST_CASE("hostile tokenizer.json: token ids that are negative, huge or past an int are refused by name") {
+    test::TempDir dir("hostile-json");
+    auto with_added_id = [&](const std::string& id) {
+        return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+                   "added_tokens": [{"id": )" + id + R"(, "content": "<x>", "special": true}]})";
+    };
+    for (std::string id : {"-1", "1000000000", "2147483647", "1.5"}) {
+        CAPTURE(id);
+        test::write_file(dir / "tokenizer.json", with_added_id(id));
+        std::string message = test::error_of([&] { infer::load_tokenizer(dir / "tokenizer.json"); });
+        CHECK(message.find("tokenizer.json") != std::string::npos);
+        CHECK(message.find("added token") != std::string::npos);
+    }
+    test::write_file(dir / "tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 99999999}, "merges": []}})");
+    CHECK(test::error_of([&] { infer::load_tokenizer(dir / "tokenizer.json"); }).find("vocab token \"b\" has id 99999999") != std::string::npos);
+}

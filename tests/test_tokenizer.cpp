@@ -84,3 +84,36 @@ TEST_CASE("a model without a SentencePiece vocabulary says so instead of tokeniz
     CHECK(message.find("fixtures/arch/llama") != std::string::npos);
     CHECK(message.find("token ids") != std::string::npos);
 }
+
+TEST_CASE("hostile vocabularies: malformed byte tokens, unknown token types, special ids outside the vocabulary") {
+    infer::Vocabulary vocab;
+    for (const char* piece : {"<unk>", "<s>", "</s>", "<0x-8>", "a"}) {
+        vocab.pieces.push_back(piece);
+        vocab.scores.push_back(0);
+        vocab.types.push_back(infer::Vocabulary::Type::Normal);
+    }
+    vocab.types[3] = infer::Vocabulary::Type::Byte;  // a byte token spelled with a negative number
+    std::string message = test::error_of([&] { infer::tokenizer_from_vocabulary(vocab, 1, {2}, "hostile.gguf"); });
+    CHECK(message.find("hostile.gguf") != std::string::npos);
+    CHECK(message.find("<0x-8>") != std::string::npos);
+    vocab.pieces[3] = "<0xZZ>";
+    CHECK(test::error_of([&] { infer::tokenizer_from_vocabulary(vocab, 1, {2}, "hostile.gguf"); }).find("<0xZZ>") != std::string::npos);
+    vocab.types[3] = infer::Vocabulary::Type::Normal;
+    CHECK(test::error_of([&] { infer::tokenizer_from_vocabulary(vocab, 1, {9999}, "hostile.gguf"); }).find("EOS id 9999") != std::string::npos);
+    CHECK(test::error_of([&] { infer::tokenizer_from_vocabulary(vocab, -7, {2}, "hostile.gguf"); }).find("BOS id -7") != std::string::npos);
+
+    // llama2.c's tokenizer.bin with a "<0x-1>" piece: an ordinary piece, not a byte, and nothing is written out of bounds.
+    test::TempDir dir("hostile-vocab");
+    std::string bytes;
+    auto put = [&](auto value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof value); };
+    put(uint32_t{8});
+    for (std::string piece : {"<unk>", "\n<s>\n", "\n</s>\n", "<0x-1>", "a"}) {
+        put(0.0f);
+        put(static_cast<int32_t>(piece.size()));
+        bytes += piece;
+    }
+    test::write_file(dir / "tokenizer.bin", bytes);
+    infer::Tokenizer tokenizer = infer::load_tokenizer(dir / "tokenizer.bin");
+    const int ids[] = {1, 3, 4};
+    CHECK(tokenizer.decode(ids) == "<0x-1>a");
+}

@@ -1,5 +1,6 @@
 // Loading: the three formats, what the configs say, sharded safetensors, and every kind of bad file.
 #include "support.hpp"
+#include <sys/stat.h>
 
 namespace {
 
@@ -246,4 +247,60 @@ TEST_CASE("footprint: parameters and bytes per token follow from the shape") {
     const int64_t expected = 2 * V * D + D + (D + D * D + 2 * kv * D + D * D + D + 3 * F * D);
     CHECK(model.parameter_count() == expected);
     CHECK(model.weight_bytes_per_token() == static_cast<size_t>((expected - V * D + D) * 2));
+}
+
+TEST_CASE("hostile headers: dimensions that overflow, shards outside the folder, FIFOs, tokenizers given as models") {
+    test::TempDir dir("hostile");
+    // A GGUF dimension near 2^62 must not wrap the element count past the bounds check.
+    std::string huge = gguf_with_tensor_type(0);
+    uint64_t big = (uint64_t{1} << 62) + 7;
+    std::memcpy(&huge[4 + 4 + 8 + 8 + 8 + 17 + 4], &big, 8);  // the first dimension of token_embd.weight
+    test::write_file(dir / "huge.gguf", huge);
+    std::string message = load_error(dir / "huge.gguf");
+    CHECK(contains(message, "huge.gguf"));
+    CHECK(contains(message, "token_embd.weight"));
+    uint64_t product_overflows = uint64_t{1} << 40;  // 2^40 × 4: fine alone; the shape's product is checked too
+    std::memcpy(&huge[4 + 4 + 8 + 8 + 8 + 17 + 4], &product_overflows, 8);
+    std::memcpy(&huge[4 + 4 + 8 + 8 + 8 + 17 + 4 + 8], &product_overflows, 8);
+    test::write_file(dir / "product.gguf", huge);
+    CHECK(contains(load_error(dir / "product.gguf"), "2^62"));
+
+    // safetensors: a shape whose product overflows.
+    TinyModel tiny("hostile-st", "model.safetensors");
+    std::string bytes = tiny.good;
+    size_t at = bytes.find("[32, 16]");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 8, "[1125899906842624, 8192]");  // 2^50 × 2^13: each dimension fine, the product 2^63
+    uint64_t length;
+    std::memcpy(&length, bytes.data(), 8);
+    length += 24 - 8;
+    std::memcpy(bytes.data(), &length, 8);
+    test::write_file(tiny.file, bytes);
+    message = load_error(tiny.folder);
+    CHECK(contains(message, "model.safetensors"));
+    CHECK(contains(message, "2^62"));
+
+    // An index whose shard leaves the model folder.
+    TinyModel sharded("hostile-index", "model.safetensors");
+    std::filesystem::rename(sharded.file, sharded.folder / "part.safetensors");
+    test::write_file(sharded.folder / "model.safetensors.index.json",
+                     R"({"weight_map": {"model.embed_tokens.weight": "/etc/passwd", "lm_head.weight": "part.safetensors"}})");
+    message = load_error(sharded.folder);
+    CHECK(contains(message, "/etc/passwd"));
+    CHECK(contains(message, "not a file inside the model folder"));
+    CHECK(!contains(message, "root"));
+    test::write_file(sharded.folder / "model.safetensors.index.json", R"({"weight_map": {"a": "../part.safetensors"}})");
+    CHECK(contains(load_error(sharded.folder), "not a file inside the model folder"));
+
+    // A FIFO given as the model is refused at once (opening it would block until a writer came).
+    std::filesystem::path fifo = dir / "model.bin";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    CHECK(contains(load_error(fifo), "not a regular file"));
+
+    // A tokenizer given as the model.
+    REQUIRE_SHARED_OR_SKIP();
+    message = load_error(test::shared_dir() / "models/stories260K/tok512.bin");
+    CHECK(contains(message, "tok512.bin"));
+    CHECK(contains(message, "tokenizer"));
+    CHECK(contains(load_error(test::shared_dir() / "tokenizers/gpt2/tokenizer.json"), "JSON file is not a model"));
 }
