@@ -47,6 +47,18 @@
 #include <optional>
 
 namespace chat {
+
+// Chat templates ship inside model files, so they are untrusted input. These bounds keep a hostile template from
+// exhausting the stack (20,000 nested `if`s, a macro that calls itself), a thread (loops over loops) or memory (a
+// string doubled in a loop); real templates stay orders of magnitude below each. A breach is an infer::Error that
+// names the limit, which the server answers with a 400.
+struct TemplateLimits {
+    int max_depth = 256;              // nested tags, parenthesized expressions and macro calls
+    int64_t max_steps = 10'000'000;   // statements run + expressions evaluated + loop iterations (about a second)
+    size_t max_output = 16u << 20;    // bytes of rendered text, and of any one string built on the way
+    size_t max_items = 1'000'000;     // items in any one list (range() has the same bound)
+};
+
 namespace detail {
 
 using infer::concat;
@@ -56,6 +68,22 @@ template <class... Parts>
 [[noreturn]] void fail_at(int line, const Parts&... parts) {
     throw infer::Error(concat("chat template, line ", line, ": ", parts...));
 }
+
+// Counts one level of nesting for as long as it lives; the parser and the interpreter recurse once per level, so
+// this bound is what keeps the C++ stack from overflowing on a template nested thousands deep.
+class NestingGuard {
+public:
+    NestingGuard(int& depth, const TemplateLimits& limits, int line) : depth_(depth) {
+        if (++depth_ > limits.max_depth)
+            fail_at(line, "nested deeper than ", limits.max_depth, " levels (TemplateLimits::max_depth)");
+    }
+    ~NestingGuard() { --depth_; }
+    NestingGuard(const NestingGuard&) = delete;
+    NestingGuard& operator=(const NestingGuard&) = delete;
+
+private:
+    int& depth_;
+};
 
 // =====================================================================================================================
 // 1. LEXER — splits the template into text and tags, applies whitespace control, and cuts tag contents into tokens.
@@ -629,7 +657,7 @@ struct Stmt {
 
 class Parser {
 public:
-    explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
+    explicit Parser(std::vector<Token> tokens, TemplateLimits limits = {}) : tokens_(std::move(tokens)), limits_(limits) {}
 
     Body parse_template() {
         auto [body, stop] = parse_body({});
@@ -673,6 +701,7 @@ private:
     // Parses text and tags until a `{% word %}` with a word in `stops`; returns the body and that word (consumed, the
     // rest of its tag is left for the caller). At the top level (`stops` empty) it runs to the end of the template.
     std::pair<Body, std::string> parse_body(const std::vector<std::string_view>& stops) {
+        NestingGuard nesting(depth_, limits_, peek().line);
         Body body;
         while (true) {
             const Token& token = next();
@@ -789,6 +818,7 @@ private:
     ExprPtr parse_expression() { return parse_conditional(true); }
 
     ExprPtr parse_conditional(bool allow_inline_if) {
+        NestingGuard nesting(depth_, limits_, peek().line);
         ExprPtr value = parse_or();
         while (allow_inline_if && at_name("if")) {
             auto e = make(Expr::Kind::conditional, next().line);
@@ -820,6 +850,7 @@ private:
         return left;
     }
     ExprPtr parse_not() {
+        NestingGuard nesting(depth_, limits_, peek().line);
         if (at_name("not")) {
             auto e = make(Expr::Kind::unary, next().line, "not");
             e->args.push_back(parse_not());
@@ -872,6 +903,7 @@ private:
         return left;
     }
     ExprPtr parse_unary() {
+        NestingGuard nesting(depth_, limits_, peek().line);
         if (at_op("-") || at_op("+")) {
             auto e = make(Expr::Kind::unary, peek().line, next().text);
             e->args.push_back(parse_unary());
@@ -970,8 +1002,17 @@ private:
                 while (peek().kind == TokenKind::string) text += next().text;  // 'a' 'b' is 'ab', as in Python
                 return literal(Value::of(text));
             }
-            case TokenKind::integer: return literal(Value::of(static_cast<int64_t>(std::stoll(token.text))));
-            case TokenKind::floating: return literal(Value::of(std::stod(token.text)));
+            case TokenKind::integer: {
+                int64_t value = 0;  // Python's integers are unbounded; ours are 64-bit, and say so rather than wrap
+                auto [end, error] = std::from_chars(token.text.data(), token.text.data() + token.text.size(), value);
+                if (error != std::errc{} || end != token.text.data() + token.text.size())
+                    fail_at(token.line, "integer literal ", token.text.substr(0, 40), " does not fit in 64 bits");
+                return literal(Value::of(value));
+            }
+            case TokenKind::floating: {
+                double value = std::strtod(token.text.c_str(), nullptr);  // 1e999 is inf, as in Python
+                return literal(Value::of(value));
+            }
             case TokenKind::name:
                 if (token.text == "true" || token.text == "True") return literal(Value::of(true));
                 if (token.text == "false" || token.text == "False") return literal(Value::of(false));
@@ -1008,6 +1049,8 @@ private:
 
     std::vector<Token> tokens_;
     size_t pos_ = 0;
+    TemplateLimits limits_;
+    int depth_ = 0;  // open levels of nesting, for NestingGuard
 };
 
 // =====================================================================================================================
@@ -1138,7 +1181,9 @@ enum class Flow { normal, break_, continue_ };
 
 class Interpreter {
 public:
-    explicit Interpreter(std::map<std::string, Value> globals) { frames_.push_back(std::move(globals)); }
+    explicit Interpreter(std::map<std::string, Value> globals, TemplateLimits limits = {}) : limits_(limits) {
+        frames_.push_back(std::move(globals));
+    }
 
     std::string run(const Body& body) {
         execute(body);
@@ -1175,16 +1220,38 @@ private:
     }
 
     // ---- statements ----
+    // Every statement, loop iteration and expression costs a step: a budget bounds the work of loops over loops.
+    void count_step(int line) {
+        if (++steps_ > limits_.max_steps)
+            fail_at(line, "rendering took more than ", limits_.max_steps, " steps (TemplateLimits::max_steps)");
+    }
+    void check_size(size_t bytes, int line) const {
+        if (bytes > limits_.max_output)
+            fail_at(line, "output or string larger than ", limits_.max_output, " bytes (TemplateLimits::max_output)");
+    }
+    void check_items(size_t items, int line) const {
+        if (items > limits_.max_items)
+            fail_at(line, "a list of more than ", limits_.max_items, " items (TemplateLimits::max_items)");
+    }
+
     Flow execute(const Body& body) {
+        NestingGuard nesting(depth_, limits_, body.empty() ? 0 : body.front()->line);
         for (const auto& stmt : body)
             if (Flow flow = execute(*stmt); flow != Flow::normal) return flow;
         return Flow::normal;
     }
 
     Flow execute(const Stmt& s) {
+        count_step(s.line);
         switch (s.kind) {
-            case Stmt::Kind::text: out_ += s.text; break;
-            case Stmt::Kind::output: out_ += to_text(evaluate(*s.exprs[0])); break;
+            case Stmt::Kind::text:
+                out_ += s.text;
+                check_size(out_.size(), s.line);
+                break;
+            case Stmt::Kind::output:
+                out_ += to_text(evaluate(*s.exprs[0]));
+                check_size(out_.size(), s.line);
+                break;
             case Stmt::Kind::if_:
                 for (const auto& [condition, body] : s.branches)
                     if (truthy(evaluate(*condition))) return execute(body);
@@ -1233,6 +1300,7 @@ private:
                               if (args.positional.empty()) throw infer::Error("loop.cycle: no items to cycle");
                               return args.positional[size_t(i) % args.positional.size()];
                           }))}};
+            count_step(s.line);
             frames_.emplace_back();  // a fresh scope per iteration: `set` inside the body does not outlive it
             frames_.back()["loop"] = Value::of(std::move(loop));
             assign(s.targets, items[size_t(i)], s.line);
@@ -1259,6 +1327,7 @@ private:
                     fail_at(s.line, "macro '", s.text, "' has no parameter '", key, "'");
                 frame[key] = value;
             }
+            NestingGuard nesting(depth_, limits_, s.line);  // a macro calling itself recurses here
             std::vector<Frame> saved = std::exchange(frames_, {frames_.front(), std::move(frame)});
             std::string saved_out = std::exchange(out_, {});
             execute(s.body);
@@ -1269,6 +1338,13 @@ private:
 
     // ---- expressions ----
     Value evaluate(const Expr& e) {
+        count_step(e.line);
+        Value value = compute(e);
+        if (value.is(Value::Kind::string)) check_size(value.string.size(), e.line);
+        if (value.is(Value::Kind::list)) check_items(value.list->size(), e.line);
+        return value;
+    }
+    Value compute(const Expr& e) {
         switch (e.kind) {
             case Expr::Kind::literal: return e.literal;
             case Expr::Kind::name: return lookup(e.name);
@@ -1370,6 +1446,17 @@ private:
         fail_at(line, "'", type_name(subject), "' object is not subscriptable");
     }
 
+    // x**y for y >= 0 by repeated squaring; false when the result does not fit in 64 bits.
+    static bool integer_power(int64_t x, int64_t y, int64_t& result) {
+        result = 1;
+        while (y > 0) {
+            if ((y & 1) && __builtin_mul_overflow(result, x, &result)) return false;
+            y >>= 1;
+            if (y > 0 && __builtin_mul_overflow(x, x, &x)) return false;
+        }
+        return true;
+    }
+
     Value binary(const Expr& e) {
         const std::string& op = e.name;
         Value left = evaluate(*e.args[0]);
@@ -1388,11 +1475,14 @@ private:
         require_defined(right, e.line);
         if (op == "+" && left.is(Value::Kind::string) && right.is(Value::Kind::string)) return Value::of(left.string + right.string);
         if (op == "+" && left.is(Value::Kind::list) && right.is(Value::Kind::list)) {
+            check_items(left.list->size() + right.list->size(), e.line);
             List joined = *left.list;
             joined.insert(joined.end(), right.list->begin(), right.list->end());
             return Value::of(std::move(joined));
         }
         if (op == "*" && left.is(Value::Kind::string) && right.is(Value::Kind::integer)) {
+            if (right.integer > 0 && !left.string.empty())  // check before building it, not after
+                check_size(right.integer > int64_t(limits_.max_output) ? limits_.max_output + 1 : left.string.size() * size_t(right.integer), e.line);
             std::string repeated;
             for (int64_t i = 0; i < right.integer; ++i) repeated += left.string;
             return Value::of(repeated);
@@ -1402,14 +1492,23 @@ private:
         bool integers = !left.is(Value::Kind::floating) && !right.is(Value::Kind::floating);
         double a = left.as_double(), b = right.as_double();
         if ((op == "/" || op == "//" || op == "%") && b == 0) fail_at(e.line, "division by zero");
-        if (integers && op != "/") {
-            int64_t x = int64_t(a), y = int64_t(b);
-            if (op == "+") return Value::of(x + y);
-            if (op == "-") return Value::of(x - y);
-            if (op == "*") return Value::of(x * y);
-            if (op == "//") return Value::of(int64_t(std::floor(a / b)));
-            if (op == "%") return Value::of(((x % y) + y) % y);  // Python's modulo takes the divisor's sign
-            if (op == "**" && y >= 0) return Value::of(int64_t(std::llround(std::pow(a, b))));
+        // Booleans count as 0 and 1; integers stay exact (no trip through double) and overflow is an error.
+        auto exact = [](const Value& v) { return v.is(Value::Kind::integer) ? v.integer : int64_t(v.as_double()); };
+        if (integers && (op == "+" || op == "-" || op == "*" || op == "//" || op == "%" || (op == "**" && exact(right) >= 0))) {
+            int64_t x = exact(left), y = exact(right), result = 0;
+            bool overflow = false;
+            if (op == "+") overflow = __builtin_add_overflow(x, y, &result);
+            else if (op == "-") overflow = __builtin_sub_overflow(x, y, &result);
+            else if (op == "*") overflow = __builtin_mul_overflow(x, y, &result);
+            else if (op == "**") overflow = !integer_power(x, y, result);
+            else if (x == INT64_MIN && y == -1) overflow = true;
+            else {
+                int64_t quotient = x / y, remainder = x % y;
+                if (remainder != 0 && ((remainder < 0) != (y < 0))) --quotient, remainder += y;  // Python floors
+                result = op == "//" ? quotient : remainder;
+            }
+            if (overflow) fail_at(e.line, "integer overflow in ", x, " ", op, " ", y, " (integers are 64-bit here)");
+            return Value::of(result);
         }
         if (op == "+") return Value::of(a + b);
         if (op == "-") return Value::of(a - b);
@@ -1584,6 +1683,7 @@ private:
                                          string_argument(args, 2, "new", "replace", line), int_argument(args, 3, "count", -1)));
         if (name == "indent") {
             int64_t width = int_argument(args, 1, "width", 4);
+            if (width > 4096) throw infer::Error(concat("indent: width ", width, " is larger than 4096"));
             const Value* first = arg(1, "first");
             const Value* blank = arg(2, "blank");
             std::string pad(size_t(std::max<int64_t>(width, 0)), ' '), out;
@@ -1601,6 +1701,7 @@ private:
             JsonStyle style;
             if (const Value* ascii = arg(0, "ensure_ascii")) style.ensure_ascii = truthy(*ascii);
             if (const Value* indent = arg(1, "indent"); indent && indent->is(Value::Kind::integer)) {
+                if (indent->integer > 4096) throw infer::Error(concat("tojson: indent ", indent->integer, " is larger than 4096"));
                 style.indent = int(indent->integer);
                 style.item_separator = ",";
             }
@@ -1785,6 +1886,9 @@ private:
 
     std::vector<Frame> frames_;
     std::string out_;
+    TemplateLimits limits_;
+    int depth_ = 0;      // open levels of nesting, for NestingGuard
+    int64_t steps_ = 0;  // work done so far, against limits_.max_steps
 };
 
 // The globals transformers defines, plus Jinja's own namespace/range/dict.
@@ -1824,9 +1928,12 @@ inline std::map<std::string, Value> builtin_globals() {
         }
         if (args.positional.size() == 1) std::swap(bounds[0], bounds[1]);
         if (bounds[2] == 0) throw infer::Error("range: step must not be zero");
-        if ((bounds[1] - bounds[0]) / bounds[2] > 1000000) throw infer::Error("range: more than a million items");
+        if ((static_cast<__int128>(bounds[1]) - bounds[0]) / bounds[2] > 1000000) throw infer::Error("range: more than a million items");
         List out;
-        for (int64_t i = bounds[0]; bounds[2] > 0 ? i < bounds[1] : i > bounds[1]; i += bounds[2]) out.push_back(Value::of(i));
+        for (int64_t i = bounds[0]; bounds[2] > 0 ? i < bounds[1] : i > bounds[1];) {
+            out.push_back(Value::of(i));
+            if (__builtin_add_overflow(i, bounds[2], &i)) break;  // the next item would lie past INT64_MAX: none left
+        }
         return Value::of(std::move(out));
     }));
     return globals;
@@ -1844,7 +1951,7 @@ inline std::map<std::string, Value> builtin_globals() {
 // tools and documents default to None, as transformers always passes them. Throws infer::Error on template errors;
 // for raise_exception(message), the error's message is exactly the template's message.
 inline std::string render(std::string_view template_source, const infer::Json& messages, bool add_generation_prompt,
-                          const infer::Json& extra_context) {
+                          const infer::Json& extra_context, const TemplateLimits& limits = {}) {
     std::map<std::string, detail::Value> globals = detail::builtin_globals();
     globals["tools"] = detail::Value::none();
     globals["documents"] = detail::Value::none();
@@ -1854,9 +1961,9 @@ inline std::string render(std::string_view template_source, const infer::Json& m
         throw infer::Error("chat::render: extra_context must be a JSON object or null");
     globals["messages"] = detail::from_json(messages);
     globals["add_generation_prompt"] = detail::Value::of(add_generation_prompt);
-    detail::Parser parser(detail::Lexer(template_source).tokenize());
+    detail::Parser parser(detail::Lexer(template_source).tokenize(), limits);
     detail::Body body = parser.parse_template();
-    return detail::Interpreter(std::move(globals)).run(body);
+    return detail::Interpreter(std::move(globals), limits).run(body);
 }
 
 // The standard public templates of three prompt formats, for models that ship none.

@@ -187,3 +187,51 @@ TEST_CASE("the builtin llama3 template is the llama3-instruct reference template
     CHECK(infer::read_text_file(test::shared_dir() / "chat" / "llama3-instruct" / "chat_template.jinja") ==
           std::string(chat::builtin_template("llama3")));
 }
+
+// Templates come from model files: each of these once crashed, hung or escaped as a foreign exception.
+TEST_CASE("hostile templates end in an infer::Error that names the limit, never a crash or a hang") {
+    auto repeat = [](std::string_view piece, int times) {
+        std::string out;
+        for (int i = 0; i < times; ++i) out += piece;
+        return out;
+    };
+    auto error_names = [](const std::string& error, std::string_view what) {
+        INFO(error);
+        CHECK(error.find(what) != std::string::npos);
+    };
+    // Stack: 20,000 nested ifs, 10,000 parentheses, a chain of `not`s and minus signs, a macro that calls itself.
+    error_names(test::error_of([&] { render(repeat("{% if true %}", 20000) + "x" + repeat("{% endif %}", 20000)); }),
+                "TemplateLimits::max_depth");
+    error_names(test::error_of([&] { render("{{ " + repeat("(", 10000) + "1" + repeat(")", 10000) + " }}"); }), "max_depth");
+    error_names(test::error_of([&] { render("{{ " + repeat("not ", 100000) + "1 }}"); }), "max_depth");
+    error_names(test::error_of([&] { render("{{ " + repeat("-", 100000) + "1 }}"); }), "max_depth");
+    error_names(test::error_of([] { render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"); }), "max_depth");
+    // Time: loops over loops run out of steps (a smaller budget keeps the test fast; the default is ~1 s of work).
+    chat::TemplateLimits small;
+    small.max_steps = 100000;
+    error_names(test::error_of([&] {
+                    chat::render("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+                                 json("[]"), false, json("{}"), small);
+                }),
+                "TemplateLimits::max_steps");
+    // Memory: a string doubled in a loop, a string repeated 10^15 times, a list doubled, a huge indent.
+    error_names(test::error_of([] {
+                    render("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}");
+                }),
+                "TemplateLimits::max_output");
+    error_names(test::error_of([] { render("{{ 'a' * 10**15 }}"); }), "max_output");
+    error_names(test::error_of([] {
+                    render("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}");
+                }),
+                "TemplateLimits::max_items");
+    error_names(test::error_of([] { render("{{ 'a'|indent(10**12) }}"); }), "larger than 4096");
+    // 64-bit integers: a literal too large, overflow in arithmetic, exact results where they fit.
+    CHECK(test::error_of([] { render("{{ 99999999999999999999999 }}"); }) ==
+          "chat template, line 1: integer literal 99999999999999999999999 does not fit in 64 bits");
+    error_names(test::error_of([] { render("{{ 9223372036854775807 + 1 }}"); }), "integer overflow");
+    error_names(test::error_of([] { render("{{ 2 ** 64 }}"); }), "integer overflow");
+    error_names(test::error_of([] { render("{{ -9223372036854775807 - 1 - 1 }}"); }), "integer overflow");
+    CHECK(render("{{ 2 ** 62 }} {{ 9007199254740993 + 0 }} {{ -7 // 2 }} {{ 7 % -3 }} {{ (-1) ** 5 }}") ==
+          "4611686018427387904 9007199254740993 -4 -2 -1");
+    CHECK(render("{{ range(9223372036854775806, 9223372036854775807, 5)|list }}") == "[9223372036854775806]");
+}
