@@ -325,11 +325,15 @@ private:
 
 // A read-only view of a whole file. Where the OS allows, the file is mapped, not read: loading a multi-gigabyte
 // checkpoint then costs page-table setup, and each weight is paged in from the page cache the first time a matmul
-// touches it. Elsewhere the bytes are read into memory.
+// touches it. The price: a mapped file that is truncated or rewritten in place while in use takes the process down
+// (SIGBUS) at the next touch of a vanished page. FileAccess::Read copies the bytes into memory instead, which a
+// long-running server may prefer (`infer serve --no-mmap`); it is also the only way where mmap is missing.
+enum class FileAccess { Map, Read };
+
 class MappedFile {
 public:
     MappedFile() = default;
-    explicit MappedFile(const std::filesystem::path& path);  // maps the file (appendix B); reads it where mmap is missing
+    explicit MappedFile(const std::filesystem::path& path, FileAccess access = FileAccess::Map);  // appendix B
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
     ~MappedFile();
@@ -342,9 +346,7 @@ private:
     std::string path_;
     const std::byte* data_ = nullptr;
     size_t size_ = 0;
-#ifndef INFER_HAVE_MMAP
-    std::vector<std::byte> copy_;
-#endif
+    std::vector<std::byte> copy_;  // the bytes, when read rather than mapped
 };
 
 inline std::string read_text_file(const std::filesystem::path& path);  // a whole file as text (config.json, ...)
@@ -902,7 +904,7 @@ inline void attach_tensors(Model& model, const std::unordered_map<std::string, T
 }  // namespace detail
 
 // A Hugging Face folder: config.json, and model.safetensors or shards listed in model.safetensors.index.json.
-inline Model load_hugging_face(const std::filesystem::path& folder) {
+inline Model load_hugging_face(const std::filesystem::path& folder, FileAccess access = FileAccess::Map) {
     Model model;
     model.source = folder.string();
     model.format = ModelFormat::HuggingFace;
@@ -930,7 +932,7 @@ inline Model load_hugging_face(const std::filesystem::path& folder) {
     // All tensors of all shards in one table: a model split in files is still one set of names.
     std::unordered_map<std::string, Tensor> tensors;
     auto add_file = [&](const std::filesystem::path& path) {
-        auto file = std::make_shared<MappedFile>(path);
+        auto file = std::make_shared<MappedFile>(path, access);
         for (auto& [name, tensor] : detail::read_safetensors(*file)) tensors[name] = std::move(tensor);
         model.files.push_back(std::move(file));  // the Model keeps every mapping its tensors point into
     };
@@ -1038,9 +1040,9 @@ struct GgufFile {
 };
 
 // The whole file in one pass over its header: metadata into a map, tensor infos into views of the mapping.
-inline GgufFile read_gguf(const std::filesystem::path& path) {
+inline GgufFile read_gguf(const std::filesystem::path& path, FileAccess access = FileAccess::Map) {
     GgufFile gguf;
-    gguf.file = std::make_shared<MappedFile>(path);
+    gguf.file = std::make_shared<MappedFile>(path, access);
     const MappedFile& file = *gguf.file;
     detail::ByteReader in(file);
     if (file.size() < 4 || std::memcmp(file.data(), "GGUF", 4) != 0)
@@ -1110,8 +1112,8 @@ inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf);
 
 // A GGUF file: hyperparameters under "<architecture>.*" keys, the vocabulary under "tokenizer.ggml.*", tensors under
 // llama.cpp's names. One file holds everything a model needs.
-inline Model load_gguf(const std::filesystem::path& path) {
-    GgufFile gguf = read_gguf(path);
+inline Model load_gguf(const std::filesystem::path& path, FileAccess access = FileAccess::Map) {
+    GgufFile gguf = read_gguf(path, access);
     Model model;
     model.source = path.string();
     model.format = ModelFormat::Gguf;
@@ -1199,11 +1201,12 @@ inline bool is_llama2c_tokenizer(const MappedFile& file) {
 
 // A llama2.c checkpoint: the header gives the shape; everything else follows from it, so the file size is checked
 // against the shape before any view is made.
-inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path) {
+inline Model load_llama2c(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path,
+                          FileAccess access = FileAccess::Map) {
     Model model;
     model.source = path.string();
     model.format = ModelFormat::Llama2c;
-    auto file = std::make_shared<MappedFile>(path);
+    auto file = std::make_shared<MappedFile>(path, access);
     model.files.push_back(file);
     if (file->size() < 28) fail(model.source, ": too small for a llama2.c header (", file->size(), " bytes)");
     if (detail::is_llama2c_tokenizer(*file))
@@ -1281,12 +1284,13 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
 
 // Picks the loader from what the path is: a folder (Hugging Face), a file starting with "GGUF", or a llama2.c .bin
 // (whose tokenizer defaults to tokenizer.bin beside it). The one entry point programs call.
-inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {}) {
+inline Model load_model(const std::filesystem::path& path, std::filesystem::path tokenizer_path = {},
+                        FileAccess access = FileAccess::Map) {
     std::error_code error;
     if (!std::filesystem::exists(path, error)) fail(path.string(), ": no such file or folder");
     Model model;
     if (std::filesystem::is_directory(path, error)) {
-        model = load_hugging_face(path);
+        model = load_hugging_face(path, access);
     } else {
         if (!std::filesystem::is_regular_file(path, error)) fail(path.string(), ": not a regular file or a folder");
         if (detail::ends_with(path.string(), ".json"))
@@ -1294,13 +1298,13 @@ inline Model load_model(const std::filesystem::path& path, std::filesystem::path
         char magic[4] = {};
         std::ifstream(path, std::ios::binary).read(magic, 4);
         if (std::memcmp(magic, "GGUF", 4) == 0 || detail::ends_with(path.string(), ".gguf")) {
-            model = load_gguf(path);
+            model = load_gguf(path, access);
         } else {
             if (tokenizer_path.empty()) {
                 tokenizer_path = path.parent_path() / "tokenizer.bin";
                 if (!std::filesystem::exists(tokenizer_path)) tokenizer_path.clear();  // ids only, then
             }
-            model = load_llama2c(path, tokenizer_path);
+            model = load_llama2c(path, tokenizer_path, access);
         }
     }
     return model;
@@ -4144,26 +4148,31 @@ inline void ThreadPool::worker_loop(int thread) {
 
 // ---- Files ----------------------------------------------------------------------------------------------------------
 
-inline MappedFile::MappedFile(const std::filesystem::path& path) : path_(path.string()) {
+inline MappedFile::MappedFile(const std::filesystem::path& path, FileAccess access) : path_(path.string()) {
 #ifdef INFER_HAVE_MMAP
-    int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open: fstat refuses it below
-    if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
-    struct stat info {};
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-        ::close(fd);
-        fail(path_, ": not a regular file");
-    }
-    size_ = static_cast<size_t>(info.st_size);
-    if (size_ > 0) {
-        void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (mapped == MAP_FAILED) {
+    if (access == FileAccess::Map) {
+        int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK);  // a FIFO must not block the open: fstat refuses it below
+        if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
+        struct stat info {};
+        if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
             ::close(fd);
-            fail(path_, ": mmap failed: ", std::strerror(errno));
+            fail(path_, ": not a regular file");
         }
-        data_ = static_cast<const std::byte*>(mapped);
+        size_ = static_cast<size_t>(info.st_size);
+        if (size_ > 0) {
+            void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (mapped == MAP_FAILED) {
+                ::close(fd);
+                fail(path_, ": mmap failed: ", std::strerror(errno));
+            }
+            data_ = static_cast<const std::byte*>(mapped);
+        }
+        ::close(fd);  // the mapping keeps the file alive
+        return;
     }
-    ::close(fd);  // the mapping keeps the file alive
-#else
+#endif
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(path, error)) fail(path_, ": not a regular file");
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(path_, ": cannot open");
     in.seekg(0, std::ios::end);
@@ -4171,14 +4180,21 @@ inline MappedFile::MappedFile(const std::filesystem::path& path) : path_(path.st
     in.seekg(0);
     copy_.resize(size_);
     in.read(reinterpret_cast<char*>(copy_.data()), static_cast<std::streamsize>(size_));
+    if (!in) fail(path_, ": read failed");
     data_ = copy_.data();
-#endif
 }
 
 inline MappedFile::~MappedFile() {
 #ifdef INFER_HAVE_MMAP
-    if (data_ && size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (data_ && size_ > 0 && copy_.empty()) ::munmap(const_cast<std::byte*>(data_), size_);
 #endif
+}
+
+// Closes a file written through an ofstream and checks that every byte reached it: an ofstream buffers, so a full
+// disk shows only when the buffer is flushed, and the flush in a destructor cannot report it.
+inline void close_written_file(std::ofstream& out, const std::string& name) {
+    out.close();
+    if (!out) fail(name, ": write failed (", std::strerror(errno), ")");
 }
 
 inline std::string read_text_file(const std::filesystem::path& path) {
@@ -6309,7 +6325,7 @@ inline void save_safetensors(const std::filesystem::path& path, const std::vecto
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xFF));
     out << text;
     for (const TensorData& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-    if (!out) fail(path.string(), ": write failed");
+    close_written_file(out, path.string());
 }
 
 struct ModelShape {
@@ -6399,6 +6415,7 @@ inline void save_random_model(const std::filesystem::path& folder, const ModelSh
            << (c.tied_embeddings ? "true" : "false") << ",\n"
            << "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \""
            << (dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16") << "\"\n}\n";
+    close_written_file(config, (folder / "config.json").string());
     save_safetensors(folder / "model.safetensors", random_weights(shape, dtype, seed));
 }
 

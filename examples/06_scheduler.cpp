@@ -133,6 +133,7 @@ void compare_policies(const infer::Model& model, infer::ThreadPool& pool, const 
             std::ofstream trace(options.trace_path);
             if (!trace) throw infer::Error(options.trace_path + ": cannot create");
             infer::write_chrome_trace(trace, run.steps, run.results);
+            infer::close_written_file(trace, options.trace_path);
             std::printf("   trace of the continuous run: %s (open in ui.perfetto.dev)\n", options.trace_path.c_str());
         }
     }

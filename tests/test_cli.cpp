@@ -235,3 +235,30 @@ TEST_CASE("infer chat answers each stdin line through the template, keeping the 
     CHECK(without.exit_code == 1);
     CHECK(contains(without.err, "has no chat template"));
 }
+
+// A full disk must not pass for success: every output is written with checked I/O and a failed write exits non-zero.
+TEST_CASE("output to a full disk is an error that names the output, never a silent exit 0") {
+    const char* bin = std::getenv("INFER_BIN");
+    REQUIRE_MESSAGE(bin != nullptr, "INFER_BIN is not set (meson test sets it)");
+    test::ProgramRun to_stdout = test::run_command(test::quote(bin) + " generate -p Hello -n 16 --seed 1 > /dev/full");
+    CHECK(to_stdout.exit_code != 0);
+    CHECK(contains(to_stdout.err, "writing the standard output failed"));
+
+    test::ProgramRun model = test::run_infer({"make-model", "-o", "/dev/full/model"});
+    CHECK(model.exit_code != 0);
+}
+
+TEST_CASE("run-batch output and trace to a full disk are errors") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string stories = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
+    test::TempDir dir("full");
+    test::write_file(dir / "in.jsonl", R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hi", "max_tokens": 2}})"
+                                       "\n");
+    test::ProgramRun batch = test::run_infer({"run-batch", "-m", stories, "-i", (dir / "in.jsonl").string(), "-o", "/dev/full"});
+    CHECK(batch.exit_code != 0);
+    CHECK(contains(batch.err, "/dev/full: write failed"));
+    test::ProgramRun trace = test::run_infer({"run-batch", "-m", stories, "-i", (dir / "in.jsonl").string(), "-o", (dir / "out.jsonl").string(),
+                                              "--trace", "/dev/full"});
+    CHECK(trace.exit_code != 0);
+    CHECK(contains(trace.err, "/dev/full: write failed"));
+}

@@ -566,6 +566,134 @@ TEST_CASE("infer serve: a burst against a queue of 1 gets 429s, and every accept
     CHECK(server.stop() == 0);
 }
 
+TEST_CASE("infer serve: a burst of 200 clients gets 200 or 429, never a reset, and every accepted request completes") {
+    Server server({"--max-seqs", "2", "--max-queue", "4"});
+    const int port = server.port();
+    constexpr int clients = 200;
+    std::vector<int> statuses(clients, 0), completions(clients, -1);
+    std::vector<std::string> failures(clients);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> burst;
+    for (int i = 0; i < clients; ++i)
+        burst.emplace_back([&, i] {
+            ++ready;
+            while (ready < clients) std::this_thread::yield();  // all connect at once
+            const bool streaming = i % 2 == 1;
+            const std::string body = std::string(R"({"prompt": "Once upon a time", "max_tokens": 8, "stream": )") +
+                                     (streaming ? "true" : "false") + "}";
+            if (streaming) {
+                Streamed s = stream(port, "/v1/completions", body);
+                statuses[i] = s.status;
+                if (s.status == 200) completions[i] = s.events.empty() || s.events.back() != "[DONE]" ? 0 : 8;
+                if (s.status == 0) failures[i] = "no answer";
+                return;
+            }
+            auto answer = post(port, "/v1/completions", body);
+            if (!answer) {
+                failures[i] = httplib::to_string(answer.error());
+                return;
+            }
+            statuses[i] = answer->status;
+            if (answer->status == 200) completions[i] = json::parse(answer->body)["usage"]["completion_tokens"].get<int>();
+        });
+    for (std::thread& t : burst) t.join();
+    int accepted = 0, refused = 0, lost = 0;
+    for (int i = 0; i < clients; ++i) {
+        INFO("client " << i << ": " << failures[i]);
+        CHECK((statuses[i] == 200 || statuses[i] == 429));
+        if (statuses[i] == 200) {
+            ++accepted;
+            CHECK(completions[i] == 8);  // every accepted request ran to its end
+        } else if (statuses[i] == 429) {
+            ++refused;
+        } else {
+            ++lost;
+        }
+    }
+    CHECK(lost == 0);
+    CHECK(accepted >= 6);  // the two running and four queued slots were filled
+    MESSAGE("burst of " << clients << " against --max-seqs 2 --max-queue 4: " << accepted << " × 200, " << refused
+                        << " × 429, " << lost << " connections reset or unanswered");
+
+    // 200 concurrent health checks: all answered.
+    std::atomic<int> healthy{0};
+    std::vector<std::thread> checks;
+    for (int i = 0; i < clients; ++i)
+        checks.emplace_back([&] {
+            httplib::Client client("127.0.0.1", port);
+            client.set_read_timeout(60);
+            if (auto answer = client.Get("/health"); answer && answer->status == 200) ++healthy;
+        });
+    for (std::thread& t : checks) t.join();
+    CHECK(healthy == clients);
+    CHECK(server.stop() == 0);
+}
+
+TEST_CASE("infer serve: hostile requests get a 4xx that names the field, and /metrics stays a fixed set of series") {
+    Server server;
+    const int port = server.port();
+    auto error_of = [](const httplib::Result& answer) {
+        REQUIRE(answer);
+        return json::parse(answer->body)["error"];  // parse() also proves the body is valid UTF-8
+    };
+    // max_tokens and n are bounded before any arithmetic: 2^31 - 1 tokens times 16 choices once ran past the context.
+    auto huge_max = post(port, "/v1/completions", R"({"prompt": "Hi", "max_tokens": 2147483647, "n": 16})");
+    CHECK(huge_max->status == 400);
+    CHECK(error_of(huge_max)["param"] == "max_tokens");
+    CHECK(error_of(huge_max)["message"].get<std::string>().find("2147483647") != std::string::npos);
+    auto many = post(port, "/v1/completions", R"({"prompt": "Hi", "n": 17})");
+    CHECK(many->status == 400);
+    CHECK(error_of(many)["param"] == "n");
+    // A JSON body over 8 KB sent as a form (curl -d's default content type) is read as JSON, not refused with a 413.
+    httplib::Client client("127.0.0.1", port);
+    const std::string long_prompt = R"({"prompt": "Hi", "max_tokens": 1)" + std::string(9000, ' ') + "}";
+    auto form = client.Post("/v1/completions", long_prompt, "application/x-www-form-urlencoded");
+    REQUIRE(form);
+    CHECK(form->status == 200);
+    auto multipart = client.Post("/v1/completions", httplib::MultipartFormDataItems{{"prompt", "Hi", "", ""}});
+    REQUIRE(multipart);
+    CHECK(multipart->status == 415);
+    // Invalid UTF-8 echoed in an error comes back as U+FFFD, inside valid JSON.
+    auto bad_model = post(port, "/v1/completions", "{\"model\": \"m\xff\xfe\", \"prompt\": \"Hi\"}");
+    CHECK(bad_model->status == 404);
+    CHECK(error_of(bad_model)["message"].get<std::string>().find("\xEF\xBF\xBD") != std::string::npos);
+    // Unknown paths share one label: neither a forged series nor one series per path.
+    for (int i = 0; i < 20; ++i) CHECK(client.Get(("/nope-" + std::to_string(i)).c_str())->status == 404);
+    CHECK(client.Get("/x%22%7Dinjected%7B")->status == 404);
+    httplib::Client raw("127.0.0.1", port);
+    auto text = raw.Get("/metrics");
+    REQUIRE(text);
+    CHECK(text->body.find("nope-") == std::string::npos);
+    CHECK(text->body.find("injected") == std::string::npos);
+    CHECK(metric(serve::parse_prometheus(text->body), "infer:http_requests_total{endpoint=\"other\",status=\"404\"}") == 21);
+    CHECK(server.stop() == 0);
+}
+
+TEST_CASE("infer serve: a model file truncated while served: --no-mmap keeps serving; mapped, the server says why it stops") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("truncated");
+    const std::filesystem::path original = test::shared_dir() / "models/stories260K/stories260K.gguf";
+    for (const bool mapped : {false, true}) {
+        const std::filesystem::path copy = dir / (mapped ? "mapped.gguf" : "read.gguf");
+        std::filesystem::copy_file(original, copy);
+        std::vector<std::string> args = {"-m", copy.string()};
+        if (!mapped) args.push_back("--no-mmap");
+        Server server(args);
+        const std::string request = R"({"prompt": "Once upon a time", "max_tokens": 4})";
+        REQUIRE(post(server.port(), "/v1/completions", request)->status == 200);
+        std::filesystem::resize_file(copy, 0);  // rewritten in place, as a careless download or copy would
+        auto after = post(server.port(), "/v1/completions", request);
+        if (!mapped) {
+            REQUIRE(after);
+            CHECK(after->status == 200);  // the weights live in memory: the file no longer matters
+            CHECK(server.stop() == 0);
+        } else {
+            CHECK(server.stop(SIGKILL) != 0);  // it has already exited, or is killed now
+            CHECK(server.log().find("the model file changed or was truncated") != std::string::npos);
+        }
+    }
+}
+
 TEST_CASE("infer serve: a client that disconnects cancels its request and frees its blocks") {
     Server server({"--max-seqs", "1"});
     const int port = server.port();
@@ -695,6 +823,78 @@ TEST_CASE("infer route: streams pass through; a killed upstream is ejected, and 
     CHECK(proxy.stop() == 0);
     CHECK(proxy.log().find("ejected") != std::string::npos);
     CHECK(proxy.log().find("readmitted") != std::string::npos);
+}
+
+// A stand-in upstream that misbehaves on purpose: healthy, then it dies mid-answer or never answers.
+class BrokenUpstream {
+public:
+    BrokenUpstream() : port_(free_port()) {
+        http_.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+        http_.Post("/v1/completions", [](const httplib::Request& req, httplib::Response& res) {
+            json body = json::parse(req.body);
+            const std::string mode = body.value("prompt", "");
+            if (mode == "bad request") {  // an upstream's own error: passed through as sent
+                res.status = 400;
+                return res.set_content(R"({"error":{"message":"upstream says no","type":"invalid_request_error","param":"prompt","code":400}})",
+                                       "application/json");
+            }
+            if (mode == "slow") {
+                std::this_thread::sleep_for(std::chrono::seconds(3));
+                return res.set_content("{}", "application/json");
+            }
+            if (body.value("stream", false)) {  // one event, then the connection drops
+                return res.set_chunked_content_provider("text/event-stream", [](size_t, httplib::DataSink& sink) {
+                    const std::string event = "data: {\"choices\":[{\"index\":0,\"text\":\"Once\"}]}\n\n";
+                    sink.write(event.data(), event.size());
+                    return false;
+                });
+            }
+            res.set_content_provider(1000, "application/json", [](size_t, size_t, httplib::DataSink& sink) {
+                sink.write("{\"choices\":", 11);  // 11 of the 1000 bytes promised
+                return false;
+            });
+        });
+        REQUIRE(http_.bind_to_port("127.0.0.1", port_));
+        thread_ = std::thread([this] { http_.listen_after_bind(); });
+    }
+    ~BrokenUpstream() {
+        http_.stop();
+        thread_.join();
+    }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+private:
+    int port_;
+    httplib::Server http_;
+    std::thread thread_;
+};
+
+TEST_CASE("infer route: an upstream that fails is a 502, 504 or an SSE error event, never a truncated 200; its errors pass through") {
+    BrokenUpstream upstream;
+    const int port = free_port();
+    Process proxy({infer_bin(), "route", "--port", std::to_string(port), "--upstream", upstream.url(), "--upstream-timeout", "1"},
+                  "route");
+    REQUIRE_MESSAGE(wait_for_health(port), proxy.log());
+    auto passed = post(port, "/v1/completions", R"({"prompt": "bad request"})");
+    REQUIRE(passed);
+    CHECK(passed->status == 400);
+    CHECK(json::parse(passed->body)["error"]["message"] == "upstream says no");
+    auto cut = post(port, "/v1/completions", R"({"prompt": "cut"})");
+    REQUIRE(cut);
+    CHECK(cut->status == 502);
+    CHECK(json::parse(cut->body)["error"]["message"].get<std::string>().find("failed mid-response") != std::string::npos);
+    auto slow = post(port, "/v1/completions", R"({"prompt": "slow"})");
+    REQUIRE(slow);
+    CHECK(slow->status == 504);
+    CHECK(json::parse(slow->body)["error"]["message"].get<std::string>().find("--upstream-timeout") != std::string::npos);
+    Streamed streamed = stream(port, "/v1/completions", R"({"prompt": "cut", "stream": true})");
+    CHECK(streamed.status == 200);
+    REQUIRE(streamed.events.size() == 2);
+    CHECK(streamed.text == "Once");
+    CHECK(json::parse(streamed.events.back())["error"]["message"].get<std::string>().find("failed mid-stream") != std::string::npos);
+    CHECK(std::find(streamed.events.begin(), streamed.events.end(), "[DONE]") == streamed.events.end());
+    MESSAGE("upstream killed mid-stream, as the client saw it: " << streamed.events.front() << " | " << streamed.events.back());
+    CHECK(proxy.stop() == 0);
 }
 
 // ---- nginx in front (chapter 09's configuration) --------------------------------------------------------------------

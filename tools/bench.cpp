@@ -534,6 +534,7 @@ int run_serve_bench(const CommandLine& options) {
         std::ofstream file(options.text("--json"));
         if (!file) infer::fail("option --json: cannot write ", options.text("--json"));
         file << report.dump(2) << "\n";
+        infer::close_written_file(file, options.text("--json"));
     }
     if (completed_total == 0) infer::fail("no request completed; the first error: ", first_error);
     return 0;

@@ -638,6 +638,7 @@ inline void write_svg_file(const std::string& path, const Chart& chart) {
     std::ofstream out(path);
     if (!out) infer::fail("cannot write ", path);
     write_svg(out, chart);
+    infer::close_written_file(out, path);
 }
 
 // The empirical CDF of a metric: x the value, y the fraction of requests at or below it.

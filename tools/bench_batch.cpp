@@ -55,7 +55,7 @@ void write_workload(const std::filesystem::path& path, const Options& options, i
         for (int k = 1; k < prompt_length; ++k) out << ", " << 3 + static_cast<int>(rng() % static_cast<uint64_t>(vocab - 3));
         out << "], \"max_tokens\": " << max_tokens << ", \"temperature\": 0, \"ignore_eos\": true}}\n";
     }
-    if (!out) throw infer::Error(path.string() + ": cannot write");
+    infer::close_written_file(out, path.string());
 }
 
 struct BatchRun {

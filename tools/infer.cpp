@@ -27,7 +27,10 @@
 #include "command_line.hpp"
 #include "server.hpp"
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <unistd.h>
 
@@ -42,7 +45,7 @@ namespace {
 const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
-                 [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda]
+                 [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
   infer detokenize -m PATH                      stdin {"ids": [...]} lines -> {"text": ...} lines
@@ -52,7 +55,7 @@ const char* usage_text = R"(usage:
   infer chat -m PATH [--chat-template FILE_OR_NAME] [--temp T ...as generate]
   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
-                  [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda]
+                  [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda] [--no-mmap]
   infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
               [--max-queue N] [--api-key KEY] [--served-model-name NAME] [engine options as run-batch]
                                                 OpenAI-compatible HTTP server (infer serve --help for all options)
@@ -101,7 +104,8 @@ int thread_count(const CommandLine& options) {
 
 infer::Model load(const CommandLine& options, infer::LayerTimes& times) {
     infer::Stopwatch clock;
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
+    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"),
+                                           options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map);
     times.load = clock.seconds();
     return model;
 }
@@ -244,7 +248,7 @@ int run_logits(const CommandLine& options) {
     std::ofstream out(options.text("--out"), std::ios::binary);
     if (!out) infer::fail(options.text("--out"), ": cannot create");
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size_bytes()));
-    if (!out) infer::fail(options.text("--out"), ": write failed");
+    infer::close_written_file(out, options.text("--out"));
     std::cerr << "wrote " << n << " x " << model.config.vocab_size << " float32 logits to " << options.text("--out") << '\n';
     return 0;
 }
@@ -535,12 +539,13 @@ int run_batch(const CommandLine& options) {
         prompt_tokens += choices.front().prompt_ids.size();
         for (const infer::RequestResult& choice : choices) generated += choice.generated_ids.size();
     }
-    if (!out) infer::fail(options.text("-o"), ": write failed");
+    infer::close_written_file(out, options.text("-o"));
 
     if (options.has("--trace")) {
         std::ofstream trace(options.text("--trace"));
         if (!trace) infer::fail(options.text("--trace"), ": cannot create");
         infer::write_chrome_trace(trace, engine.steps(), finished);
+        infer::close_written_file(trace, options.text("--trace"));
     }
     const infer::EngineTotals& t = engine.totals();
     auto per_second = [&](double count) { return seconds > 0 ? count / seconds : 0.0; };
@@ -588,7 +593,7 @@ int run_make_model(const CommandLine& options) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_command(int argc, char** argv) {
     try {
         std::string command = argc > 1 ? argv[1] : "";
         if (command == "generate")
@@ -596,7 +601,7 @@ int main(int argc, char** argv) {
                                         {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids", "--device"},
-                                        {"--ignore-eos", "--ids"}, usage_text));
+                                        {"--ignore-eos", "--ids", "--no-mmap"}, usage_text));
         if (command == "tokenize")
             return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
         if (command == "detokenize")
@@ -616,7 +621,7 @@ int main(int argc, char** argv) {
                                          {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
                                           "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template",
                                           "--device"},
-                                         {"--no-prefix-cache"}, usage_text));
+                                         {"--no-prefix-cache", "--no-mmap"}, usage_text));
         if (command == "serve" || command == "route") {
 #ifdef INFER_SERVE
             return command == "serve" ? run_serve(argc, argv) : run_route(argc, argv);
@@ -642,4 +647,27 @@ int main(int argc, char** argv) {
         std::cerr << "error: " << e.what() << '\n';
         return 1;
     }
+}
+
+// The weights are mapped from the model file: if that file is truncated or rewritten while infer runs, the next touch
+// of a vanished page raises SIGBUS. Say what happened instead of dying without a word (--no-mmap avoids it).
+extern "C" void on_bus_error(int) {
+    static const char message[] =
+        "error: the model file changed or was truncated while infer was using it (SIGBUS); "
+        "run with --no-mmap to read the weights into memory instead of mapping the file\n";
+    [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(1);
+}
+
+int main(int argc, char** argv) {
+    std::signal(SIGBUS, on_bus_error);
+    const int status = run_command(argc, argv);
+    // Standard output is buffered: a full disk or a closed pipe may show only now, and a run whose output was lost
+    // must not exit 0 (`infer generate ... > /dev/full`).
+    std::cout.flush();
+    if (status == 0 && (!std::cout || std::fflush(stdout) != 0)) {
+        std::cerr << "error: writing the standard output failed (" << std::strerror(errno) << ")\n";
+        return 1;
+    }
+    return status;
 }

@@ -6,6 +6,7 @@
 #include "infer.hpp"
 #include "command_line.hpp"
 #include "server.hpp"
+#include "http_listen.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -19,7 +20,7 @@ namespace {
 
 const char* route_usage = R"(usage:
   infer route --port P --upstream URL [--upstream URL ...] [--host 127.0.0.1] [--policy round-robin|least-loaded|prefix]
-              [--health-interval SECONDS] [--http-threads N]
+              [--health-interval SECONDS] [--http-threads N] [--backlog N] [--upstream-timeout SECONDS]
 
   Forwards /v1/completions, /v1/chat/completions and /v1/models to the upstream `infer serve` processes (URL like
   http://127.0.0.1:8081), streams passed through. GET /health: 200 while an upstream is healthy. GET /metrics: the
@@ -39,6 +40,8 @@ struct Relay {
     std::mutex mutex;
     std::condition_variable ready;
     bool have_head = false, done = false, downstream_gone = false;
+    httplib::Error error = httplib::Error::Success;  // how the upstream exchange ended
+    bool timed_out = false;                          // ended by --upstream-timeout
     int status = 0;
     httplib::Headers headers;
     std::deque<std::string> chunks;
@@ -61,6 +64,9 @@ public:
         interval_ = options.number("--health-interval", 1.0);
         if (!(interval_ > 0)) infer::fail("option --health-interval: must be > 0 seconds");
         http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
+        backlog_ = static_cast<int>(options.integer("--backlog", 1024, 1, 65535));
+        upstream_timeout_ = options.number("--upstream-timeout", 600);
+        if (!(upstream_timeout_ > 0)) infer::fail("option --upstream-timeout: must be > 0 seconds");
         if (upstreams.empty()) infer::fail("infer route needs at least one --upstream URL");
         for (const std::string& url : upstreams) {
             auto upstream = std::make_unique<Upstream>();
@@ -87,7 +93,7 @@ public:
         std::signal(SIGTERM, on_route_signal);
         std::signal(SIGINT, on_route_signal);
         routes();
-        if (!http_.bind_to_port(host_.c_str(), port_)) infer::fail("infer route: cannot listen on ", host_, ":", port_);
+        bind_with_backlog(http_, host_, port_, backlog_, "infer route");
         std::thread checker([&] { check_health(); });
         std::cerr << "infer route: http://" << host_ << ':' << port_ << " -> " << upstreams_.size() << " upstreams, policy "
                   << route_policy_name(router_.config().policy) << std::endl;
@@ -149,10 +155,24 @@ private:
             }
             res.set_content(metrics_.render(gauges), "text/plain; version=0.0.4");
         });
-        auto forward = [this](const httplib::Request& req, httplib::Response& res) { this->forward(req, res); };
+        auto forward = [this](const httplib::Request& req, httplib::Response& res) { this->forward(req, req.body, res); };
+        // POST bodies are read here, whatever their content type (httplib's own reader stops a form-encoded one at 8 KB).
+        auto forward_body = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            std::string body;
+            if (req.is_multipart_form_data()) {
+                res.status = 415;
+                res.set_header("Connection", "close");
+                return res.set_content(error_body(415, "the request body must be JSON, not a multipart form"), "application/json");
+            }
+            bool complete = reader([&](const char* data, size_t length) {
+                body.append(data, length);
+                return true;
+            });
+            if (complete) this->forward(req, body, res);
+        };
         http_.Get("/v1/models", forward);
-        http_.Post("/v1/completions", forward);
-        http_.Post("/v1/chat/completions", forward);
+        http_.Post("/v1/completions", forward_body);
+        http_.Post("/v1/chat/completions", forward_body);
     }
 
     // What routing needs from a body: the prompt's text (prefix policy) and its cost estimate (least-loaded).
@@ -171,8 +191,9 @@ private:
         return {text, static_cast<int64_t>(text.size() / 4) + max_tokens};  // ~4 bytes a token: an estimate suffices
     }
 
-    void forward(const httplib::Request& req, httplib::Response& res) {
-        auto [text, cost] = req.method == "POST" ? routing_key(req.body) : std::pair<std::string, int64_t>{"", 0};
+    void forward(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+        auto [text, cost] = req.method == "POST" ? routing_key(body) : std::pair<std::string, int64_t>{"", 0};
+        std::string last_failure;  // why the last upstream tried could not be reached
         std::vector<bool> tried(upstreams_.size(), false);
         while (true) {
             std::vector<Candidate> candidates(upstreams_.size());
@@ -187,26 +208,31 @@ private:
                 std::lock_guard lock(router_mutex_);
                 chosen = router_.choose(candidates, static_cast<int64_t>(text.size()));
             }
-            if (chosen < 0) {
-                res.status = 503;
-                res.set_content(error_body(503, "no healthy upstream to serve the request"), "application/json");
+            if (chosen < 0) {  // 502 when upstreams were tried and failed; 503 when none was healthy to begin with
+                res.status = last_failure.empty() ? 503 : 502;
+                res.set_content(error_body(res.status, last_failure.empty() ? "no healthy upstream to serve the request" : last_failure),
+                                "application/json");
                 return;
             }
             tried[static_cast<size_t>(chosen)] = true;
-            if (relay(req, res, *upstreams_[static_cast<size_t>(chosen)], text, cost)) return;
+            if (relay(req, body, res, *upstreams_[static_cast<size_t>(chosen)], text, cost, last_failure)) return;
         }
     }
 
-    // Sends the request to one upstream. False: it could not be reached (it is ejected; the caller tries another).
-    bool relay(const httplib::Request& req, httplib::Response& res, Upstream& upstream, const std::string& text, int64_t cost) {
+    // Sends the request to one upstream. False: it could not be reached (it is ejected, `failure` says why, and the
+    // caller tries another). Once the upstream has accepted the request it is never retried elsewhere (it may have
+    // run): a failure then is the client's 502 (connection lost) or 504 (--upstream-timeout passed).
+    bool relay(const httplib::Request& req, const std::string& body, httplib::Response& res, Upstream& upstream,
+               const std::string& text, int64_t cost, std::string& failure) {
         auto r = std::make_shared<Relay>();
         r->client = std::make_unique<httplib::Client>(upstream.host, upstream.port);
         r->client->set_connection_timeout(2);
-        r->client->set_read_timeout(3600);
+        const auto timeout = std::chrono::duration<double>(upstream_timeout_);
+        r->client->set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
         auto outgoing = std::make_shared<httplib::Request>();
         outgoing->method = req.method;
         outgoing->path = req.path;
-        outgoing->body = req.body;
+        outgoing->body = body;
         for (const char* name : {"Authorization", "Content-Type", "Accept"})
             if (req.has_header(name)) outgoing->headers.emplace(name, req.get_header_value(name));
         outgoing->response_handler = [r](const httplib::Response& head) {
@@ -223,21 +249,34 @@ private:
             r->ready.notify_all();
             return !r->downstream_gone;
         };
-        r->thread = std::thread([r, outgoing] {
+        r->thread = std::thread([r, outgoing, timeout] {
             httplib::Response answer;
             httplib::Error error = httplib::Error::Success;
+            const auto start = std::chrono::steady_clock::now();
             r->client->send(*outgoing, answer, error);
             std::lock_guard lock(r->mutex);
+            r->error = error;
+            r->timed_out = error == httplib::Error::Read && std::chrono::steady_clock::now() - start >= timeout * 0.99;
             r->done = true;
             r->ready.notify_all();
         });
         {
             std::unique_lock lock(r->mutex);
             r->ready.wait(lock, [&] { return r->have_head || r->done; });
-            if (!r->have_head) {  // never answered: eject it now rather than at the next check
-                lock.unlock();
-                if (upstream.healthy.exchange(false)) std::cerr << "infer route: " << upstream.url << " ejected (unreachable)" << std::endl;
-                return false;
+            if (!r->have_head) {
+                const std::string why = httplib::to_string(r->error);
+                if (r->error == httplib::Error::Connection) {  // never reached: eject it now rather than at the next check
+                    lock.unlock();
+                    if (upstream.healthy.exchange(false)) std::cerr << "infer route: " << upstream.url << " ejected (unreachable)" << std::endl;
+                    failure = "upstream " + upstream.url + " could not be reached: " + why;
+                    return false;
+                }
+                res.status = r->timed_out ? 504 : 502;
+                res.set_content(error_body(res.status, r->timed_out ? infer::concat("upstream ", upstream.url, " did not answer within ",
+                                                                                    upstream_timeout_, " s (--upstream-timeout)")
+                                                                    : "upstream " + upstream.url + " failed before answering: " + why),
+                                "application/json");
+                return true;
             }
         }
         upstream.requests += 1;
@@ -250,20 +289,49 @@ private:
             if (name == "Content-Type") content_type = value;
             else if (name == "Retry-After" || name == "Cache-Control" || name == "X-Accel-Buffering") res.set_header(name.c_str(), value);
         }
+        // Anything but an event stream (a JSON answer, an error body) is relayed whole: its status can still change to
+        // 502/504 if the upstream fails before its last byte, and an upstream's error body reaches the client as sent.
+        if (content_type.find("text/event-stream") == std::string::npos) {
+            std::unique_lock lock(r->mutex);
+            r->ready.wait(lock, [&] { return r->done; });
+            std::string whole;
+            for (const std::string& chunk : r->chunks) whole += chunk;
+            upstream.requests -= 1;
+            upstream.outstanding_tokens -= cost;
+            if (r->error != httplib::Error::Success) {
+                res.status = r->timed_out ? 504 : 502;
+                res.set_content(error_body(res.status, "upstream " + upstream.url + " failed mid-response: " + httplib::to_string(r->error)),
+                                "application/json");
+                return true;
+            }
+            res.set_content(whole, content_type);
+            return true;
+        }
+        // An event stream passes through as it comes. If the upstream fails mid-stream the client gets an error event
+        // and the connection closes without `data: [DONE]`, so it cannot take a truncated answer for a whole one.
         res.set_chunked_content_provider(
             content_type,
-            [r](size_t, httplib::DataSink& sink) {
+            [r, url = upstream.url](size_t, httplib::DataSink& sink) {
                 std::deque<std::string> chunks;
                 bool done;
+                httplib::Error error;
                 {
                     std::unique_lock lock(r->mutex);
                     r->ready.wait_for(lock, std::chrono::milliseconds(20), [&] { return !r->chunks.empty() || r->done; });
                     chunks.swap(r->chunks);
                     done = r->done;
+                    error = r->error;
                 }
                 for (const std::string& chunk : chunks)
                     if (!sink.write(chunk.data(), chunk.size())) return false;
                 if (!sink.is_writable()) return false;
+                if (done && error != httplib::Error::Success) {
+                    const int status = r->timed_out ? 504 : 502;
+                    const std::string event = "data: " + error_body(status, "upstream " + url + " failed mid-stream: " +
+                                                                                httplib::to_string(error)) + "\n\n";
+                    sink.write(event.data(), event.size());
+                    return false;  // no terminating chunk: the response is visibly incomplete
+                }
                 if (done) sink.done();
                 return true;
             },
@@ -280,8 +348,8 @@ private:
     }
 
     std::string host_;
-    int port_ = 8000, http_threads_ = 64;
-    double interval_ = 1.0;
+    int port_ = 8000, http_threads_ = 64, backlog_ = 1024;
+    double interval_ = 1.0, upstream_timeout_ = 600;
     std::vector<std::unique_ptr<Upstream>> upstreams_;
     Router router_;
     std::mutex router_mutex_;
@@ -306,7 +374,8 @@ int run_route(int argc, char** argv) {
         }
     }
     CommandLine options(static_cast<int>(rest.size()), rest.data(), 2,
-                        {"--port", "--host", "--policy", "--health-interval", "--http-threads"}, {}, serve::route_usage);
+                        {"--port", "--host", "--policy", "--health-interval", "--http-threads", "--backlog", "--upstream-timeout"},
+                        {}, serve::route_usage);
     serve::Proxy proxy(options, upstreams);
     return proxy.run();
 }

@@ -8,11 +8,13 @@
 #include "infer.hpp"
 #include "command_line.hpp"
 #include "server.hpp"
+#include "http_listen.hpp"
 
 #include <httplib.h>
 
 #include <csignal>
 #include <deque>
+#include <optional>
 #include <iostream>
 
 namespace serve {
@@ -21,9 +23,9 @@ namespace {
 const char* serve_usage = R"(usage:
   infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
               [--max-queue N] [--max-queue-tokens N] [--api-key KEY] [--served-model-name NAME] [--max-body BYTES]
-              [--chat-template FILE_OR_NAME] [--tokenizer FILE] [-t THREADS] [--http-threads N]
+              [--chat-template FILE_OR_NAME] [--tokenizer FILE] [-t THREADS] [--http-threads N] [--backlog N]
               [--max-batch-tokens N] [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B]
-              [--no-prefix-cache]
+              [--no-prefix-cache] [--no-mmap]
 
   OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models;
   GET /health (200 ready, 503 loading or draining), GET /metrics (Prometheus text).
@@ -68,6 +70,7 @@ public:
         api_key_ = options.text("--api-key");
         max_body_ = static_cast<size_t>(options.integer("--max-body", 32 << 20, 1, std::numeric_limits<int32_t>::max()));
         http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
+        backlog_ = static_cast<int>(options.integer("--backlog", 1024, 1, 65535));
     }
 
     int run() {
@@ -75,7 +78,7 @@ public:
         std::signal(SIGTERM, on_signal);
         std::signal(SIGINT, on_signal);
         routes();
-        if (!http_.bind_to_port(host_.c_str(), port_)) infer::fail("infer serve: cannot listen on ", host_, ":", port_);
+        bind_with_backlog(http_, host_, port_, backlog_, "infer serve");  // bursts wait for a 429, not a reset
         // Listen before loading: while the weights load, /health and the API answer 503 (as vLLM's server does).
         std::thread listener([&] { http_.listen_after_bind(); });
         std::thread watcher([&] { watch_signals(); });
@@ -102,7 +105,8 @@ private:
 
     void load() {
         if (options_.has("-m")) {
-            model_ = infer::load_model(options_.text("-m"), options_.text("--tokenizer"));
+            model_ = infer::load_model(options_.text("-m"), options_.text("--tokenizer"),
+                                       options_.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map);
             served_name_ = std::filesystem::path(options_.text("-m")).filename().string();
         } else {
             model_ = infer::demo_model();
@@ -187,12 +191,24 @@ private:
             res.set_content(body, "application/json");
             count_status(req.path, 200);
         });
-        http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
-        http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
+        // The API reads its body itself: httplib's own reader refuses a form-encoded body over 8 KB with a 413 (curl -d
+        // sends that content type by default), while the body is JSON whatever the client calls it.
+        http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            complete(req, res, read_body(req, res, reader), false);
+        });
+        http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            complete(req, res, read_body(req, res, reader), true);
+        });
     }
 
+    // The endpoint label comes from a fixed set: a raw path would let a client forge series (a path holding `"` or a
+    // newline) or grow /metrics without bound (one series per distinct 404).
     void count_status(const std::string& path, int status) {
-        metrics_.add("infer:http_requests_total", "endpoint=\"" + path + "\",status=\"" + std::to_string(status) + "\"", 1);
+        static constexpr std::string_view endpoints[] = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"};
+        std::string_view endpoint = "other";
+        for (std::string_view known : endpoints)
+            if (path == known) endpoint = known;
+        metrics_.add("infer:http_requests_total", infer::concat("endpoint=\"", endpoint, "\",status=\"", status, "\""), 1);
     }
 
     void fail(const httplib::Request& req, httplib::Response& res, int status, const std::string& message,
@@ -216,7 +232,25 @@ private:
         return true;
     }
 
-    void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+    // The request body, up to --max-body bytes (httplib answers 413 past it); nullopt after answering a multipart form,
+    // which no OpenAI endpoint takes.
+    std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+        if (req.is_multipart_form_data()) {
+            res.set_header("Connection", "close");  // its body stays unread
+            fail(req, res, 415, "the request body must be JSON, not a multipart form (Content-Type: multipart/form-data)");
+            return std::nullopt;
+        }
+        std::string body;
+        if (!reader([&](const char* data, size_t length) {
+                body.append(data, length);
+                return true;
+            }))
+            return std::nullopt;  // the client went away, or the body passed --max-body: httplib has set the status
+        return body;
+    }
+
+    void complete(const httplib::Request& req, httplib::Response& res, const std::optional<std::string>& request_body, bool chat) {
+        if (!request_body) return;
         auto arrival = std::make_shared<infer::Stopwatch>();  // e2e: from here (httplib has read the request) to the last byte
         if (!gate(req, res)) return;
         Timing timing;
@@ -225,7 +259,7 @@ private:
         try {
             infer::Json body;
             try {
-                body = infer::Json::parse(req.body, "request body");
+                body = infer::Json::parse(*request_body, "request body");
             } catch (const infer::Error& e) {
                 throw HttpError(400, std::string("malformed JSON: ") + e.what());
             }
@@ -501,7 +535,7 @@ private:
 
     const CommandLine& options_;
     std::string host_, api_key_, served_name_, template_, template_error_;
-    int port_ = 8080, instance_count_ = 1, http_threads_ = 64, pool_tokens_ = 0;
+    int port_ = 8080, instance_count_ = 1, http_threads_ = 64, backlog_ = 1024, pool_tokens_ = 0;
     size_t max_body_ = 0;
     AdmissionLimits limits_;
     Router router_;
@@ -526,9 +560,9 @@ private:
 int run_serve(int argc, char** argv) {
     CommandLine options(argc, argv, 2,
                         {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",
-                         "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads",
+                         "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads", "--backlog",
                          "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size"},
-                        {"--no-prefix-cache"}, serve::serve_usage);
+                        {"--no-prefix-cache", "--no-mmap"}, serve::serve_usage);
     serve::Server server(options);
     return server.run();
 }

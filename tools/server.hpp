@@ -9,6 +9,7 @@
 #include "chat_template.hpp"
 
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -62,6 +63,7 @@ inline std::string error_body(int status, std::string_view message, std::string_
 // =====================================================================================================================
 
 inline constexpr int max_choices = 16;  // "n": at most this many choices per request
+inline constexpr int max_generated_tokens = 1 << 24;  // "max_tokens": larger than any context, small enough to add
 
 struct CompletionRequest {
     bool chat = false;
@@ -127,8 +129,12 @@ inline bool flag(const infer::Json& body, const char* name, bool fallback) {
 }
 
 inline int whole(double value, const char* name, double low, double high) {
+    auto text = [](double x) {  // shortest exact spelling: 2147483647, not 2.14748e+09
+        char buffer[32];
+        return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, x).ptr);
+    };
     if (!(value >= low && value <= high) || value != std::floor(value))
-        bad(name, infer::concat("body field \"", name, "\" must be a whole number in [", low, ", ", high, "], found ", value));
+        bad(name, infer::concat("body field \"", name, "\" must be a whole number in [", text(low), ", ", text(high), "], found ", text(value)));
     return static_cast<int>(value);
 }
 
@@ -221,7 +227,8 @@ inline CompletionRequest parse_request(const infer::Json& body, bool chat, const
     const char* max_name = body.find("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     const double given = detail::number(body, max_name, -1);
     r.max_tokens_given = given >= 0 || (body.find(max_name) && !body.find(max_name)->is_null());
-    p.max_tokens = r.max_tokens_given ? detail::whole(given, max_name, 0, std::numeric_limits<int>::max()) : (chat ? room : 16);
+    // Bounded before any arithmetic: no context is longer than 2^24 tokens, and the sums below stay far from overflow.
+    p.max_tokens = r.max_tokens_given ? detail::whole(given, max_name, 0, max_generated_tokens) : (chat ? room : 16);
     if (const infer::Json* stop = body.find("stop"); stop && !stop->is_null()) {
         if (stop->is_string()) r.stop.push_back(stop->as_string());
         else if (stop->is_array())
@@ -247,9 +254,9 @@ inline CompletionRequest parse_request(const infer::Json& body, bool chat, const
 // Whether the request can ever run on an engine with this context and pool (the engine would report it as an error
 // event; a server answers 400 before admitting it, as vLLM does). A default max_tokens shrinks to the room left.
 inline void check_fits(CompletionRequest& r, int context_length, int pool_tokens) {
-    const int prompt = static_cast<int>(r.prompt.size());
-    const int limit = std::min(context_length, pool_tokens);
-    if (!r.max_tokens_given) r.params.max_tokens = std::max(0, std::min(r.params.max_tokens, limit - prompt));
+    const int64_t prompt = static_cast<int64_t>(r.prompt.size());  // sums in 64 bits: none of them can wrap
+    const int64_t limit = std::min(context_length, pool_tokens);
+    if (!r.max_tokens_given) r.params.max_tokens = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(r.params.max_tokens, limit - prompt)));
     if (prompt + r.params.max_tokens > context_length)
         throw HttpError(400, infer::concat("This model's maximum context length is ", context_length,
                                                    " tokens. However, you requested ", prompt + r.params.max_tokens,
