@@ -1221,6 +1221,7 @@ inline Model load_llama2c(const std::filesystem::path& path, const std::filesyst
     c.n_layers = header[2];
     c.n_heads = header[3];
     c.n_kv_heads = header[4];
+    if (header[5] == INT32_MIN) fail(model.source, ": bad llama2.c header (vocabulary size ", header[5], ")");  // |x| overflows
     c.vocab_size = std::abs(header[5]);
     c.context_length = header[6];
     c.tied_embeddings = header[5] > 0;  // the format's one flag, hidden in the sign of the vocabulary size
