@@ -12,9 +12,10 @@
 //   05 KV cache           blocks, block tables, prefix sharing and LRU eviction                          (chapter 05)
 //   06 Scheduler          continuous batching, the Engine (step → events), EngineLoop, traces          (chapter 06)
 //   07 Hardware           cpu or cuda behind one forward pass (kernels in infer_cuda.cu)                (chapter 07)
-//   A–G Appendices        the plumbing the lessons call: JSON parsing, 16-bit floats and the thread pool's
+//   A–H Appendices        the plumbing the lessons call: JSON parsing, 16-bit floats and the thread pool's
 //                         insides, Unicode data and NFC, the regex engine, the tokenizer.json pipeline,
-//                         the SIMD kernels, random-weight models. Each is declared where a lesson uses it.
+//                         the SIMD kernels, random-weight models, the decoders of GGUF's quantized blocks.
+//                         Each is declared where a lesson uses it.
 //
 // The map: one request through generate_from_ids() (section 04), the shortest path through every layer.
 //
@@ -78,7 +79,8 @@
 // pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
-// F32, F16 or BF16 (quantized GGUF types are refused by name); the tokenizer reads BPE tokenizers only
+// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks, which are decoded to f32 a tile of rows
+// at a time (no integer kernels yet; IQ* and TQ* types are refused by name); the tokenizer reads BPE tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
 //
@@ -364,20 +366,33 @@ inline uint16_t f32_to_f16(float value);
 // ---- Tensors and the Model ------------------------------------------------------------------------------------------
 
 // A weight's number format. Each is described by its block: `elements` weights stored in `bytes` bytes. Plain floats
-// are blocks of one; a block-quantized type (GGUF's Q8_0: 32 weights and their scale in 34 bytes) fits the same
-// description, so every footprint, row size and file-size check below is computed one way, from this table.
-enum class DType { F32, F16, BF16 };
+// are blocks of one; a block-quantized type fits the same description, so every footprint, row size and file-size
+// check below is computed one way, from this table. GGUF's quantized blocks keep small integers plus a scale per
+// block: Q8_0 stores 32 weights as int8 and one f16 scale d (34 bytes, 8.5 bits a weight), w = d·q; Q4_0 the same with
+// 4-bit q (18 bytes, 4.5 bits). The K-quants group 256 weights in sub-blocks whose own 6- or 8-bit scales are scaled
+// again by the block's f16 d: Q4_K keeps 8 sub-blocks of 32 with a scale and a minimum each, w = (d·sc)·q − (dmin·m)
+// (144 bytes, 4.5 bits). A "Q4_K_M" file mixes types tensor by tensor. Decoding each layout: appendix H.
+enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K };
 
 struct DTypeBlock {
     const char* name;  // as safetensors and GGUF spell it
     int elements;      // weights per block
     int bytes;         // bytes per block
+    int gguf_type;     // the type id in a GGUF tensor table
 };
 
 inline const DTypeBlock& dtype_block(DType dtype) {
-    static constexpr DTypeBlock blocks[] = {{"F32", 1, 4}, {"F16", 1, 2}, {"BF16", 1, 2}};  // in DType's order
+    static constexpr DTypeBlock blocks[] = {  // in DType's order
+        {"F32", 1, 4, 0},       {"F16", 1, 2, 1},       {"BF16", 1, 2, 30},     {"Q8_0", 32, 34, 8},    {"Q4_0", 32, 18, 2},
+        {"Q4_1", 32, 20, 3},    {"Q5_0", 32, 22, 6},    {"Q5_1", 32, 24, 7},    {"Q2_K", 256, 84, 10},  {"Q3_K", 256, 110, 11},
+        {"Q4_K", 256, 144, 12}, {"Q5_K", 256, 176, 13}, {"Q6_K", 256, 210, 14}};
     return blocks[static_cast<int>(dtype)];
 }
+inline constexpr int dtype_count = 13;
+inline bool is_quantized(DType dtype) { return dtype_block(dtype).elements > 1; }
+
+// `count` weights of a row of blocks widened to f32 (count a multiple of the block): the plain decoders of appendix H.
+inline void dequantize_row(DType dtype, const std::byte* blocks, float* out, int64_t count);
 inline const char* dtype_name(DType dtype) { return dtype_block(dtype).name; }
 
 // Bytes of `count` consecutive weights: a whole number of blocks (the loaders check that every row is).
@@ -412,12 +427,18 @@ struct Tensor {
             }
             case DType::BF16: std::memcpy(&half, data + i * 2, 2); return bf16_to_f32(half);
             case DType::F16: std::memcpy(&half, data + i * 2, 2); return f16_to_f32(half);
+            default: {  // a quantized tensor: decode the block that holds element i
+                const DTypeBlock& block = dtype_block(dtype);
+                float values[256];
+                dequantize_row(dtype, data + i / block.elements * block.bytes, values, block.elements);
+                return values[i % block.elements];
+            }
         }
-        return 0;
     }
     // Row r of a 2-D tensor widened into `out`: the embedding lookup, the only place a whole row is converted.
     void read_row(int64_t r, float* out) const {
         int64_t width = cols();
+        if (is_quantized(dtype)) return dequantize_row(dtype, data + r * static_cast<int64_t>(dtype_bytes(dtype, width)), out, width);
         for (int64_t i = 0; i < width; ++i) out[i] = at(r * width + i);
     }
 };
@@ -1016,6 +1037,18 @@ struct GgufValue {
 inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::string& path, const std::string& key);
 inline const char* gguf_tensor_type_name(uint32_t type);  // "Q4_K" for GGUF type id 12; nullptr when unknown
 
+// The weight type of a GGUF type id; nullopt for the types infer does not decode (IQ*, TQ*, ...).
+inline std::optional<DType> dtype_of_gguf_type(uint32_t type) {
+    for (int i = 0; i < dtype_count; ++i)
+        if (dtype_block(static_cast<DType>(i)).gguf_type == static_cast<int>(type)) return static_cast<DType>(i);
+    return std::nullopt;
+}
+inline std::string supported_dtype_names() {
+    std::string names;
+    for (int i = 0; i < dtype_count; ++i) names += (i ? ", " : "") + std::string(dtype_name(static_cast<DType>(i)));
+    return names;
+}
+
 }  // namespace detail
 
 struct GgufFile {
@@ -1079,15 +1112,16 @@ inline GgufFile read_gguf(const std::filesystem::path& path, FileAccess access =
         std::reverse(dims.begin(), dims.end());  // GGUF lists the innermost dimension first
         info.tensor.shape = dims;
         uint32_t type = in.read<uint32_t>();  // each tensor its own type: a "Q4_K_M" file mixes several
-        if (type == 0) info.tensor.dtype = DType::F32;
-        else if (type == 1) info.tensor.dtype = DType::F16;
-        else if (type == 30) info.tensor.dtype = DType::BF16;
-        else {
+        std::optional<DType> dtype = detail::dtype_of_gguf_type(type);
+        if (!dtype) {
             const char* name = detail::gguf_tensor_type_name(type);
-            fail(path.string(), ": tensor ", info.tensor.name, " has type ",
-                         name ? name : ("unknown (" + std::to_string(type) + ")"),
-                         ", which is not supported (supported: F32, F16, BF16)");
+            fail(path.string(), ": tensor ", info.tensor.name, " has type ", name ? name : ("unknown (" + std::to_string(type) + ")"),
+                 ", which is not supported (supported: ", detail::supported_dtype_names(), ")");
         }
+        info.tensor.dtype = *dtype;
+        if (dims.back() % dtype_block(*dtype).elements != 0)  // rows are whole blocks; dims.back() is the row length
+            fail(path.string(), ": tensor ", info.tensor.name, " of type ", dtype_name(*dtype), " has rows of ", dims.back(),
+                 " weights, not a multiple of its block of ", dtype_block(*dtype).elements);
         info.offset = in.read<uint64_t>();  // from the start of the data section, which is only known at the end
         infos.push_back(std::move(info));
     }
@@ -2062,6 +2096,10 @@ inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size
     }
 }
 
+// The same for a block-quantized w: each tile of rows is decoded to f32 once (appendix H), then multiplied by the float
+// kernel above, so the arithmetic, and batch invariance, are exactly those of the decoded weights stored as F32.
+inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end);
+
 // One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
 struct Product {
     const Tensor& w;
@@ -2086,6 +2124,7 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
                     case DType::F32: matmul_rows<DType::F32>(p.w, x, T, p.out, from, to); break;
                     case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
                     case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
+                    default: matmul_rows_dequantized(p.w, x, T, p.out, from, to); break;
                 }
                 if (p.bias && !p.bias->empty())
                     for (int t = 0; t < T; ++t)
@@ -6453,5 +6492,210 @@ inline Model demo_model() {
     detail::validate_model(model);
     return model;
 }
+
+// ==== H QUANTIZED BLOCKS =============================================================================================
+// The block formats of GGUF's quantized types, each decoded to f32 by a plain loop that follows the layout (the
+// comments give it byte by byte; llama.cpp's ggml-quants.c and the GGUF specification are the references). Every
+// product a decoder forms is exact in f32, so a correct decoder is bit-identical to llama.cpp's whatever its order.
+// Cost: a few operations per weight; the forward pass decodes each row tile once per matmul call. (chapter 02)
+
+namespace detail {
+
+inline float f16_at(const std::byte* p) {
+    uint16_t half;
+    std::memcpy(&half, p, 2);
+    return f16_to_f32(half);
+}
+inline uint8_t byte_at(const std::byte* p, size_t i) { return static_cast<uint8_t>(p[i]); }
+
+// Q8_0, 34 bytes: d (f16), q[32] (int8). w = d·q.
+inline void dequantize_q8_0(const std::byte* b, float* y) {
+    const float d = f16_at(b);
+    for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(static_cast<int8_t>(byte_at(b, 2 + k)));
+}
+
+// Q4_0, 18 bytes: d (f16), qs[16]. Element k < 16 is the low nibble of qs[k], element k + 16 its high nibble.
+// w = d·(nibble − 8). Q4_1, 20 bytes: d, m (f16), then the same nibbles; w = d·nibble + m.
+inline void dequantize_q4(const std::byte* b, float* y, bool with_min) {
+    const float d = f16_at(b), m = with_min ? f16_at(b + 2) : 0.0f;
+    const std::byte* qs = b + (with_min ? 4 : 2);
+    for (int k = 0; k < 16; ++k) {
+        const int low = byte_at(qs, k) & 0x0F, high = byte_at(qs, k) >> 4;
+        y[k] = with_min ? d * static_cast<float>(low) + m : d * static_cast<float>(low - 8);
+        y[k + 16] = with_min ? d * static_cast<float>(high) + m : d * static_cast<float>(high - 8);
+    }
+}
+
+// Q5_0, 22 bytes: d (f16), qh (32 fifth bits, little-endian u32), qs[16] as in Q4_0. Bit k of qh is element k's fifth
+// bit, bit k + 16 element k + 16's. w = d·(q − 16). Q5_1, 24 bytes: d, m, qh, qs; w = d·q + m.
+inline void dequantize_q5(const std::byte* b, float* y, bool with_min) {
+    const float d = f16_at(b), m = with_min ? f16_at(b + 2) : 0.0f;
+    uint32_t qh;
+    std::memcpy(&qh, b + (with_min ? 4 : 2), 4);
+    const std::byte* qs = b + (with_min ? 8 : 6);
+    for (int k = 0; k < 16; ++k) {
+        const int low = (byte_at(qs, k) & 0x0F) | static_cast<int>(((qh >> k) & 1) << 4);
+        const int high = (byte_at(qs, k) >> 4) | static_cast<int>(((qh >> (k + 16)) & 1) << 4);
+        y[k] = with_min ? d * static_cast<float>(low) + m : d * static_cast<float>(low - 16);
+        y[k + 16] = with_min ? d * static_cast<float>(high) + m : d * static_cast<float>(high - 16);
+    }
+}
+
+// Q2_K, 84 bytes: scales[16] (low nibble a 4-bit scale, high nibble a 4-bit min, one pair per 16 weights), qs[64]
+// (2-bit q), d and dmin (f16). Each half of 128 weights reads 32 bytes of qs four times, two bits further each pass;
+// within a pass the first 16 bytes belong to one sub-block and the next 16 to the next. w = (d·sc)·q − (dmin·m).
+inline void dequantize_q2_k(const std::byte* b, float* y) {
+    const std::byte* scales = b;
+    const std::byte* qs = b + 16;
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    int sub = 0;
+    for (int half = 0; half < 2; ++half, qs += 32)
+        for (int shift = 0; shift < 8; shift += 2)
+            for (int part = 0; part < 2; ++part, ++sub) {
+                const int packed = byte_at(scales, sub);
+                const float scale = d * static_cast<float>(packed & 0x0F), min = dmin * static_cast<float>(packed >> 4);
+                for (int l = 0; l < 16; ++l) *y++ = scale * static_cast<float>((byte_at(qs, 16 * part + l) >> shift) & 3) - min;
+            }
+}
+
+// Q3_K, 110 bytes: hmask[32] (the third bit of each q), qs[64] (two low bits, read as in Q2_K), scales[12] (sixteen
+// 6-bit scales, biased by 32: the low 4 bits in bytes 0–7, the top 2 bits in bytes 8–11), d (f16). A q whose hmask
+// bit is clear has 4 subtracted: q ∈ −4…3. w = (d·(sc − 32))·q.
+inline void dequantize_q3_k(const std::byte* b, float* y) {
+    const std::byte* hmask = b;
+    const std::byte* qs = b + 32;
+    const std::byte* packed = b + 96;
+    const float d = f16_at(b + 108);
+    int sc[16];
+    for (int i = 0; i < 16; ++i) {
+        const int low = i < 8 ? byte_at(packed, i) & 0x0F : byte_at(packed, i - 8) >> 4;
+        const int high = (byte_at(packed, 8 + i % 4) >> (2 * (i / 4))) & 3;
+        sc[i] = (low | high << 4) - 32;
+    }
+    int sub = 0, bit = 0;
+    for (int half = 0; half < 2; ++half, qs += 32)
+        for (int shift = 0; shift < 8; shift += 2, ++bit)
+            for (int part = 0; part < 2; ++part, ++sub) {
+                const float scale = d * static_cast<float>(sc[sub]);
+                for (int l = 0; l < 16; ++l) {
+                    const int i = 16 * part + l;
+                    const int q = ((byte_at(qs, i) >> shift) & 3) - ((byte_at(hmask, i) >> bit) & 1 ? 0 : 4);
+                    *y++ = scale * static_cast<float>(q);
+                }
+            }
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block, from its 12 packed bytes s: for j < 4, sc = s[j] & 63
+// and m = s[j+4] & 63; for j ≥ 4, the low 4 bits come from s[j+4] (sc low nibble, m high nibble) and the top 2 bits
+// from the spare top bits of s[j−4] (sc) and s[j] (m).
+inline void k_scale_min(const std::byte* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = byte_at(s, j) & 63;
+        m = byte_at(s, j + 4) & 63;
+    } else {
+        sc = (byte_at(s, j + 4) & 0x0F) | ((byte_at(s, j - 4) >> 6) << 4);
+        m = (byte_at(s, j + 4) >> 4) | ((byte_at(s, j) >> 6) << 4);
+    }
+}
+
+// Q4_K, 144 bytes: d, dmin (f16), 12 scale bytes, qs[128]. Four groups of 64 weights, group g in qs[32g..32g+31]:
+// the low nibbles are sub-block 2g, the high nibbles sub-block 2g+1. w = (d·sc)·q − (dmin·m).
+// Q5_K, 176 bytes: d, dmin, 12 scale bytes, qh[32], qs[128]: the same, with a fifth bit per weight in qh (bit 2g of
+// qh[l] for the low nibble of group g, bit 2g+1 for the high one), q = low4 + 16·bit.
+inline void dequantize_q45_k(const std::byte* b, float* y, bool five_bits) {
+    const float d = f16_at(b), dmin = f16_at(b + 2);
+    const std::byte* scales = b + 4;
+    const std::byte* qh = b + 16;
+    const std::byte* qs = b + (five_bits ? 48 : 16);
+    for (int g = 0; g < 4; ++g) {
+        for (int nibble = 0; nibble < 2; ++nibble) {
+            int sc, m;
+            k_scale_min(scales, 2 * g + nibble, sc, m);
+            const float scale = d * static_cast<float>(sc), min = dmin * static_cast<float>(m);
+            for (int l = 0; l < 32; ++l) {
+                int q = nibble ? byte_at(qs, 32 * g + l) >> 4 : byte_at(qs, 32 * g + l) & 0x0F;
+                if (five_bits) q += ((byte_at(qh, l) >> (2 * g + nibble)) & 1) << 4;
+                *y++ = scale * static_cast<float>(q) - min;
+            }
+        }
+    }
+}
+
+// Q6_K, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8, one per 16 weights), d (f16, last).
+// Element e: h = e/128, r = e%128, g = r/32, l = r%32; low4 is the low (g < 2) or high nibble of ql[64h + l + 32(g&1)],
+// high2 = (qh[32h + l] >> 2g) & 3, q = (low4 | high2 << 4) − 32. w = d·scales[e/16]·q.
+inline void dequantize_q6_k(const std::byte* b, float* y) {
+    const std::byte* ql = b;
+    const std::byte* qh = b + 128;
+    const std::byte* scales = b + 192;
+    const float d = f16_at(b + 208);
+    for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, r = e % 128, g = r / 32, l = r % 32;
+        const int packed = byte_at(ql, 64 * h + l + 32 * (g & 1));
+        const int low = g < 2 ? packed & 0x0F : packed >> 4;
+        const int high = (byte_at(qh, 32 * h + l) >> (2 * g)) & 3;
+        const int q = (low | high << 4) - 32;
+        y[e] = d * static_cast<float>(static_cast<int8_t>(byte_at(scales, e / 16))) * static_cast<float>(q);
+    }
+}
+
+}  // namespace detail
+
+inline void dequantize_row(DType dtype, const std::byte* blocks, float* out, int64_t count) {
+    const DTypeBlock& block = dtype_block(dtype);
+    for (int64_t i = 0; i < count; i += block.elements, blocks += block.bytes, out += block.elements) {
+        switch (dtype) {
+            case DType::F32: std::memcpy(out, blocks, 4); break;
+            case DType::F16: out[0] = detail::f16_at(blocks); break;
+            case DType::BF16: {
+                uint16_t half;
+                std::memcpy(&half, blocks, 2);
+                out[0] = bf16_to_f32(half);
+                break;
+            }
+            case DType::Q8_0: detail::dequantize_q8_0(blocks, out); break;
+            case DType::Q4_0: detail::dequantize_q4(blocks, out, false); break;
+            case DType::Q4_1: detail::dequantize_q4(blocks, out, true); break;
+            case DType::Q5_0: detail::dequantize_q5(blocks, out, false); break;
+            case DType::Q5_1: detail::dequantize_q5(blocks, out, true); break;
+            case DType::Q2_K: detail::dequantize_q2_k(blocks, out); break;
+            case DType::Q3_K: detail::dequantize_q3_k(blocks, out); break;
+            case DType::Q4_K: detail::dequantize_q45_k(blocks, out, false); break;
+            case DType::Q5_K: detail::dequantize_q45_k(blocks, out, true); break;
+            case DType::Q6_K: detail::dequantize_q6_k(blocks, out); break;
+        }
+    }
+}
+
+namespace detail {
+
+inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(w.dtype, static_cast<int64_t>(K)));
+    constexpr size_t rows_per_tile = 16;
+    thread_local std::vector<float> decoded;  // [16, K]: the tile's rows in f32, reused across calls
+    decoded.resize(rows_per_tile * K);
+    for (size_t tile = row_begin; tile < row_end; tile += rows_per_tile) {
+        const size_t tile_end = std::min(row_end, tile + rows_per_tile);
+        for (size_t n = tile; n < tile_end; ++n)
+            dequantize_row(w.dtype, w.data + n * row_bytes, &decoded[(n - tile) * K], static_cast<int64_t>(K));
+        for (int t = 0; t < T; t += 4) {
+            const int count = std::min(4, T - t);
+            const float* xt = x + static_cast<size_t>(t) * K;
+            for (size_t n = tile; n < tile_end; ++n) {
+                const std::byte* row = reinterpret_cast<const std::byte*>(&decoded[(n - tile) * K]);
+                float* o = out + static_cast<size_t>(t) * N + n;
+                switch (count) {
+                    case 4: dot_row<DType::F32, 4>(row, xt, K, K, o, N); break;
+                    case 3: dot_row<DType::F32, 3>(row, xt, K, K, o, N); break;
+                    case 2: dot_row<DType::F32, 2>(row, xt, K, K, o, N); break;
+                    default: dot_row<DType::F32, 1>(row, xt, K, K, o, N); break;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace detail
 
 }  // namespace infer

@@ -682,11 +682,12 @@ public:
         for (const Tensor* t : parts) {
             if (m.bf16 || t->dtype == DType::F32) {
                 host.insert(host.end(), t->data, t->data + t->bytes());
-            } else {
-                for (int64_t i = 0; i < t->elements(); ++i) {
-                    float value = t->at(i);
-                    const std::byte* b = reinterpret_cast<const std::byte*>(&value);
-                    host.insert(host.end(), b, b + 4);
+            } else {  // f16 and block-quantized parts: widened to f32 row by row
+                std::vector<float> row(static_cast<size_t>(t->cols()));
+                for (int64_t r = 0; r < t->rows(); ++r) {
+                    t->read_row(r, row.data());
+                    const std::byte* b = reinterpret_cast<const std::byte*>(row.data());
+                    host.insert(host.end(), b, b + row.size() * 4);
                 }
             }
         }
@@ -723,9 +724,9 @@ private:
         const std::byte* source = t.data;
         size_t count = t.bytes();
         std::vector<float> widened;
-        if (t.dtype == DType::F16) {  // no f16 kernels: widen once to f32 (exact)
+        if (t.dtype == DType::F16 || is_quantized(t.dtype)) {  // no f16 or quantized kernels: widen once to f32 (exact)
             widened.resize(static_cast<size_t>(t.elements()));
-            for (size_t i = 0; i < widened.size(); ++i) widened[i] = t.at(static_cast<int64_t>(i));
+            for (int64_t r = 0; r < t.rows(); ++r) t.read_row(r, widened.data() + r * t.cols());
             source = reinterpret_cast<const std::byte*>(widened.data());
             count = widened.size() * 4;
         }

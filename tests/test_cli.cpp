@@ -262,3 +262,30 @@ TEST_CASE("run-batch output and trace to a full disk are errors") {
     CHECK(trace.exit_code != 0);
     CHECK(contains(trace.err, "/dev/full: write failed"));
 }
+
+TEST_CASE("llama.cpp's spellings of the common options work, -f reads the prompt, --version prints the version") {
+    test::ProgramRun plain = test::run_infer({"generate", "-p", "Hello", "-n", "8", "--seed", "3", "-t", "1"});
+    test::ProgramRun aliased = test::run_infer({"generate", "--prompt", "Hello", "--n-predict", "8", "-s", "3", "--threads", "1"});
+    CHECK(plain.exit_code == 0);
+    CHECK(aliased.exit_code == 0);
+    CHECK(aliased.out == plain.out);
+    test::TempDir dir("prompt-file");
+    test::write_file(dir / "prompt.txt", "Hello");
+    CHECK(test::run_infer({"generate", "--file", (dir / "prompt.txt").string(), "-n", "8", "-s", "3", "-t", "1"}).out == plain.out);
+    test::ProgramRun version = test::run_infer({"--version"});
+    CHECK(version.exit_code == 0);
+    CHECK(version.out == std::string("infer ") + INFER_VERSION_STRING + "\n");
+}
+
+TEST_CASE("a failed generate prints nothing on stdout, and -n capped by the context says so") {
+    test::ProgramRun too_long = test::run_infer({"generate", "-p", std::string(5000, 'a'), "-n", "4"});
+    CHECK(too_long.exit_code != 0);
+    CHECK(too_long.out.empty());
+    CHECK(contains(too_long.err, "error: "));
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string stories = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
+    test::ProgramRun capped = test::run_infer({"generate", "-m", stories, "-p", "Once upon a time", "-n", "5000", "--ignore-eos",
+                                              "--temp", "0"});
+    CHECK(capped.exit_code == 0);
+    CHECK(contains(capped.err, "tokens -n asked for: the prompt and the output filled the model's context of 2048 tokens"));
+}

@@ -190,16 +190,16 @@ TEST_CASE("bad config.json: not JSON, unknown architecture, missing field, unsup
                    "field \"num_key_value_heads\": expected a number"));
 }
 
-TEST_CASE("bad GGUF files: bad magic, quantized or unknown tensor type, truncated") {
+TEST_CASE("bad GGUF files: bad magic, an undecodable or unknown tensor type, truncated") {
     test::TempDir dir("bad-gguf");
     test::write_file(dir / "magic.gguf", "GGUX" + std::string(64, '\0'));
     std::string message = load_error(dir / "magic.gguf");
     CHECK(contains(message, (dir / "magic.gguf").string()));
     CHECK(contains(message, "bad magic"));
 
-    test::write_file(dir / "q4.gguf", gguf_with_tensor_type(2));
-    message = load_error(dir / "q4.gguf");
-    CHECK(contains(message, "tensor token_embd.weight has type Q4_0, which is not supported"));
+    test::write_file(dir / "iq.gguf", gguf_with_tensor_type(23));  // IQ4_XS: a type infer does not decode
+    message = load_error(dir / "iq.gguf");
+    CHECK(contains(message, "tensor token_embd.weight has type IQ4_XS, which is not supported (supported: F32, F16, BF16, Q8_0"));
 
     test::write_file(dir / "unknown.gguf", gguf_with_tensor_type(99));
     CHECK(contains(load_error(dir / "unknown.gguf"), "type unknown (99)"));

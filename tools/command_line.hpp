@@ -31,7 +31,7 @@ public:
     CommandLine(int argc, char** argv, int first, const std::vector<std::string>& with_value,
                 const std::vector<std::string>& flags, const std::string& usage) {
         for (int i = first; i < argc; ++i) {
-            std::string name = argv[i];
+            std::string name = canonical_name(argv[i], with_value, flags);
             if (name == "-h" || name == "--help") {
                 std::cout << usage;
                 std::exit(0);
@@ -45,6 +45,22 @@ public:
                 infer::fail("unknown option \"", name, "\"\n", usage);
             }
         }
+    }
+
+    // llama.cpp's spellings of the same options, so the commands people already type work here too. An alias counts
+    // only where the program takes the option it stands for.
+    static std::string canonical_name(const std::string& name, const std::vector<std::string>& with_value,
+                                      const std::vector<std::string>& flags) {
+        static const std::map<std::string, std::string> aliases = {
+            {"--model", "-m"},          {"--prompt", "-p"},       {"--threads", "-t"},       {"--n-predict", "-n"},
+            {"-s", "--seed"},           {"--file", "-f"},         {"--repeat-penalty", "--repetition-penalty"},
+            {"--temperature", "--temp"}, {"-sys", "--system"}};
+        auto found = aliases.find(name);
+        if (found == aliases.end()) return name;
+        const std::string& target = found->second;
+        bool taken = std::find(with_value.begin(), with_value.end(), target) != with_value.end() ||
+                     std::find(flags.begin(), flags.end(), target) != flags.end();
+        return taken ? target : name;
     }
 
     bool has(const std::string& name) const { return values_.count(name) > 0; }

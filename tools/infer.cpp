@@ -1,6 +1,6 @@
 // infer — the command-line program around infer.hpp.
 //
-//   infer generate [-m PATH] [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+//   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
 //                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
 //   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS]
@@ -43,7 +43,7 @@ int run_bench(int argc, char** argv);  // bench.cpp: infer bench serve|engine|ro
 namespace {
 
 const char* usage_text = R"(usage:
-  infer generate [-m PATH] [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+  infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
@@ -74,6 +74,9 @@ const char* usage_text = R"(usage:
   tokenize/detokenize/render-chat take a model (folder, .gguf, .bin) or just its tokenizer: a folder holding
   tokenizer.json (+ tokenizer_config.json), a tokenizer.json, a .gguf or a llama2.c tokenizer.bin.
   --chat-template: a file, or a built-in name: chatml, llama3, llama2.
+
+  Options also answer to llama.cpp's spellings: --model, --prompt, --file, --threads, --n-predict, -s (--seed),
+  --repeat-penalty, --temperature. infer --version prints the version.
 )";
 
 std::vector<int> parse_ids(const std::string& option, const std::string& list) {
@@ -116,6 +119,15 @@ void print_json_ids(std::ostream& out, const char* name, const std::vector<int>&
     out << ']';
 }
 
+// The prompt: -p TEXT, or the contents of -f FILE (llama.cpp's --file).
+std::string prompt_text(const CommandLine& options) {
+    if (options.has("-f")) {
+        if (options.has("-p")) infer::fail("give the prompt with -p or with -f, not both");
+        return infer::read_text_file(options.text("-f"));
+    }
+    return options.text("-p");
+}
+
 // The sampling options of generate and chat, with llama.cpp's defaults for a command-line run.
 infer::SamplingParams sampling_params(const CommandLine& options) {
     infer::SamplingParams params;
@@ -149,9 +161,9 @@ infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::Threa
     if (options.has("--prompt-ids")) {
         id = engine.add_request(parse_ids("--prompt-ids", options.text("--prompt-ids")), params);
     } else {
-        std::string prompt = options.text("-p");
-        if (!options.has("--ids")) std::cout << prompt << std::flush;
+        std::string prompt = prompt_text(options);
         id = engine.add_request(prompt, params);
+        if (!options.has("--ids")) std::cout << prompt << std::flush;
     }
     infer::GenerationResult result;
     infer::Stopwatch clock;
@@ -200,10 +212,23 @@ int run_generate(const CommandLine& options) {
     } else if (options.has("--prompt-ids")) {
         result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream);
     } else {
-        std::string prompt = options.text("-p");
-        if (!ids_only) std::cout << prompt << std::flush;
-        result = infer::generate(model, pool, prompt, params, stream);
+        // The prompt is echoed with the first generated text, not before: a run that fails (a prompt longer than the
+        // context, say) prints its error and nothing on stdout.
+        const std::string prompt = prompt_text(options);
+        bool echoed = ids_only;
+        auto echo_then_stream = [&](std::string_view text) {
+            if (!echoed) std::cout << prompt;
+            echoed = true;
+            stream(text);
+        };
+        result = infer::generate(model, pool, prompt, params, echo_then_stream);
+        if (!echoed) std::cout << prompt;
     }
+    const size_t asked = static_cast<size_t>(params.max_tokens);
+    if (result.finish_reason == infer::FinishReason::Length && result.generated_ids.size() < asked)
+        std::cerr << "warning: stopped after " << result.generated_ids.size() << " of the " << asked
+                  << " tokens -n asked for: the prompt and the output filled the model's context of "
+                  << model.config.context_length << " tokens\n";
     if (ids_only) {
         std::cout << '{';
         print_json_ids(std::cout, "prompt_ids", result.prompt_ids);
@@ -598,7 +623,7 @@ int run_command(int argc, char** argv) {
         std::string command = argc > 1 ? argv[1] : "";
         if (command == "generate")
             return run_generate(CommandLine(argc, argv, 2,
-                                        {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
+                                        {"-m", "-p", "-f", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids", "--device"},
                                         {"--ignore-eos", "--ids", "--no-mmap"}, usage_text));
@@ -636,6 +661,10 @@ int run_command(int argc, char** argv) {
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
                                            "--context", "--dtype", "--seed"},
                                           {"--tied"}, usage_text));
+        if (command == "--version" || command == "version") {
+            std::cout << "infer " << INFER_VERSION_STRING << '\n';
+            return 0;
+        }
         if (command == "-h" || command == "--help" || command == "help") {
             std::cout << usage_text;
             return 0;

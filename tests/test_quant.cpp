@@ -1,0 +1,215 @@
+// Quantized GGUF: every block format decoded bit for bit as llama.cpp decodes it (the fixtures' dequant/ tensors), and
+// whole models against llama.cpp's logits; bad quantized tensors refused by name.
+#include "support.hpp"
+
+#include "fuzz_seeds.hpp"
+
+#include <cmath>
+#include <random>
+
+namespace {
+
+const char* quantized_types[] = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"};
+
+std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids) {
+    infer::ThreadPool pool(2);
+    infer::KVCache cache(model.config, static_cast<int>(ids.size() + 15) / 16, 16);
+    REQUIRE(cache.reserve(0, static_cast<int>(ids.size())));
+    infer::Batch batch;
+    for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);
+    infer::ForwardPass forward(model, pool);
+    std::span<const float> logits = forward.forward(batch, cache);
+    return {logits.begin(), logits.end()};
+}
+
+struct Difference {
+    double max_abs = 0, rms = 0;
+};
+
+Difference difference(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    Difference d;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double diff = std::fabs(double(a[i]) - double(b[i]));
+        d.max_abs = std::max(d.max_abs, diff);
+        d.rms += diff * diff;
+    }
+    d.rms = std::sqrt(d.rms / static_cast<double>(a.size()));
+    return d;
+}
+
+// A copy of the tiny seed GGUF with the type id of its first tensor (token_embd.weight, rows of 8) replaced.
+std::vector<uint8_t> gguf_with_embedding_type(uint32_t type) {
+    std::vector<uint8_t> bytes = fuzz::tiny_gguf();
+    const std::string name = "token_embd.weight";
+    auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+    REQUIRE(at != bytes.end());
+    size_t position = static_cast<size_t>(at - bytes.begin()) + name.size();
+    uint32_t n_dims;
+    std::memcpy(&n_dims, &bytes[position], 4);
+    position += 4 + 8 * n_dims;
+    std::memcpy(&bytes[position], &type, 4);
+    return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("every quantized tensor decodes bit for bit as llama.cpp decodes it") {
+    REQUIRE_SHARED_OR_SKIP();
+    for (const std::string type : quantized_types) {
+        const auto folder = test::shared_dir() / "fixtures/quant" / type;
+        if (!std::filesystem::exists(folder / "dequant")) continue;  // Q4_K_M: its Q4_K and Q6_K tensors are checked above
+        infer::GgufFile gguf = infer::read_gguf(folder / ("model-" + type + ".gguf"));
+        int checked = 0;
+        for (const auto& entry : std::filesystem::directory_iterator(folder / "dequant")) {
+            std::string name = entry.path().filename().string();
+            name = name.substr(0, name.size() - 4);  // "blk.0.attn_q.weight.f32" → the tensor's name
+            CAPTURE(type);
+            CAPTURE(name);
+            auto found = gguf.tensors.find(name);
+            REQUIRE(found != gguf.tensors.end());
+            const infer::Tensor& tensor = found->second;
+            CHECK(infer::dtype_name(tensor.dtype) == type);
+            std::vector<float> reference = test::read_floats(entry.path());
+            std::vector<float> decoded(static_cast<size_t>(tensor.elements()));
+            for (int64_t r = 0; r < tensor.rows(); ++r) tensor.read_row(r, decoded.data() + r * tensor.cols());
+            REQUIRE(decoded.size() == reference.size());
+            CHECK(std::memcmp(decoded.data(), reference.data(), decoded.size() * 4) == 0);
+            ++checked;
+        }
+        MESSAGE(type << ": " << checked << " tensors bit-identical to llama.cpp's dequantization");
+    }
+}
+
+TEST_CASE("quantized models match llama.cpp's logits: exactly on the decoded weights, within the fixtures' bounds on its quantized run") {
+    REQUIRE_SHARED_OR_SKIP();
+    for (const std::string type : quantized_types) {
+        const auto folder = test::shared_dir() / "fixtures/quant" / type;
+        infer::Model model = infer::load_model(folder / ("model-" + type + ".gguf"));
+        infer::Json manifest = test::read_json(folder / "manifest.json");
+        for (std::string sequence : {"A", "B"}) {
+            CAPTURE(type);
+            CAPTURE(sequence);
+            std::vector<int> ids = test::ids_of(manifest.at("sequences").at(sequence).at("ids"));
+            std::vector<float> ours = prefill_logits(model, ids);
+            // infer decodes the weights and computes in f32: the fixture's f32 run on the decoded weights is its twin.
+            Difference exact = difference(ours, test::read_floats(folder / ("logits_deqf32_" + sequence + ".f32")));
+            CHECK(exact.max_abs < 1e-4);
+            // llama.cpp's own run quantizes activations to 8 bits as well: held loosely, as the fixtures' README says.
+            Difference loose = difference(ours, test::read_floats(folder / ("logits_" + sequence + ".f32")));
+            CHECK(loose.max_abs <= 0.3);
+            CHECK(loose.rms <= 0.05);
+            if (sequence == "A")
+                MESSAGE(type << ": max |Δ| " << exact.max_abs << " vs decoded-f32 run, " << loose.max_abs << " (RMS " << loose.rms
+                             << ") vs llama.cpp's quantized run");
+        }
+    }
+}
+
+TEST_CASE("quantized files: the programs accept them, and bad quantized tensors are refused by name") {
+    REQUIRE_SHARED_OR_SKIP();
+    const auto file = test::shared_dir() / "fixtures/quant/Q4_K_M/model-Q4_K_M.gguf";
+    infer::Model model = infer::load_model(file);
+    CHECK(model.layers[0].wq.dtype == infer::DType::Q4_K);
+    CHECK(model.lm_head.dtype == infer::DType::Q6_K);  // a mixed file: each tensor carries its own type
+    CHECK(model.embedding.bytes() == 512 / 256 * 144 * 256);
+
+    test::TempDir dir("quant");
+    auto write = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+        test::write_file(dir / name, std::string(bytes.begin(), bytes.end()));
+        return (dir / name).string();
+    };
+    // Rows of 8 weights cannot hold 32-weight Q8_0 blocks.
+    std::string error = test::error_of([&] { infer::load_model(write("rows.gguf", gguf_with_embedding_type(8))); });
+    CHECK(error.find("tensor token_embd.weight of type Q8_0 has rows of 8 weights, not a multiple of its block of 32") !=
+          std::string::npos);
+    // A type infer does not decode, and a type id no one knows.
+    error = test::error_of([&] { infer::load_model(write("iq.gguf", gguf_with_embedding_type(16))); });
+    CHECK(error.find("tensor token_embd.weight has type IQ2_XXS, which is not supported (supported: F32, F16, BF16, Q8_0") !=
+          std::string::npos);
+    error = test::error_of([&] { infer::load_model(write("unknown.gguf", gguf_with_embedding_type(99))); });
+    CHECK(error.find("tensor token_embd.weight has type unknown (99)") != std::string::npos);
+    // A file cut inside its quantized blocks.
+    std::string whole = infer::read_text_file(file);
+    test::write_file(dir / "cut.gguf", whole.substr(0, whole.size() - 1000));
+    error = test::error_of([&] { infer::load_model(dir / "cut.gguf"); });
+    CHECK(error.find("cut.gguf: tensor ") != std::string::npos);
+}
+
+TEST_CASE("infer generate, logits and tokenize run a quantized GGUF") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string file = (test::shared_dir() / "fixtures/quant/Q4_K_M/model-Q4_K_M.gguf").string();
+    test::ProgramRun generated = test::run_infer({"generate", "-m", file, "--prompt-ids", "1,5,9", "--ids", "--temp", "0", "-n", "4"});
+    CHECK(generated.exit_code == 0);
+    CHECK(generated.out.find("\"generated_ids\":[") != std::string::npos);
+    test::TempDir dir("quant-cli");
+    test::ProgramRun logits = test::run_infer({"logits", "-m", file, "--tokens", "1,5,9", "--out", (dir / "l.f32").string()});
+    CHECK(logits.exit_code == 0);
+    CHECK(test::read_floats(dir / "l.f32").size() == 3 * 512);
+}
+
+// The formats without a fixture, checked against a second reading of their layout: each weight located on its own
+// (as llama.cpp's quantizers pack them) instead of the decoders' loops, over random blocks.
+TEST_CASE("Q5_0, Q5_1, Q2_K and Q3_K decode every weight where their layout puts it") {
+    std::mt19937 rng(7);
+    auto random_block = [&](int bytes) {
+        std::vector<std::byte> block(static_cast<size_t>(bytes));
+        for (std::byte& b : block) b = static_cast<std::byte>(rng() & 0xFF);
+        return block;
+    };
+    auto set_f16 = [](std::vector<std::byte>& block, size_t at, float value) {
+        uint16_t half = infer::f32_to_f16(value);
+        std::memcpy(&block[at], &half, 2);
+    };
+    auto u8 = [](const std::vector<std::byte>& block, size_t at) { return static_cast<int>(static_cast<uint8_t>(block[at])); };
+    for (int trial = 0; trial < 50; ++trial) {
+        for (bool with_min : {false, true}) {  // Q5_0 / Q5_1: the fifth bit of element e is bit e of qh
+            std::vector<std::byte> block = random_block(with_min ? 24 : 22);
+            set_f16(block, 0, 0.01f * static_cast<float>(trial + 1));
+            if (with_min) set_f16(block, 2, -0.03f);
+            const size_t qh_at = with_min ? 4 : 2, qs_at = with_min ? 8 : 6;
+            uint32_t qh;
+            std::memcpy(&qh, &block[qh_at], 4);
+            std::vector<float> y(32);
+            infer::dequantize_row(with_min ? infer::DType::Q5_1 : infer::DType::Q5_0, block.data(), y.data(), 32);
+            const float d = infer::f16_to_f32(infer::f32_to_f16(0.01f * static_cast<float>(trial + 1)));
+            const float m = infer::f16_to_f32(infer::f32_to_f16(-0.03f));
+            for (int e = 0; e < 32; ++e) {
+                const int nibble = e < 16 ? u8(block, qs_at + e) & 15 : u8(block, qs_at + e - 16) >> 4;
+                const int q = nibble | static_cast<int>(((qh >> e) & 1) << 4);
+                CHECK(y[static_cast<size_t>(e)] == (with_min ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 16)));
+            }
+        }
+        {  // Q2_K: scales[16] (scale low nibble, min high nibble), qs[64], d, dmin
+            std::vector<std::byte> block = random_block(84);
+            set_f16(block, 80, 0.02f);
+            set_f16(block, 82, 0.005f);
+            std::vector<float> y(256);
+            infer::dequantize_row(infer::DType::Q2_K, block.data(), y.data(), 256);
+            const float d = infer::f16_to_f32(infer::f32_to_f16(0.02f)), dmin = infer::f16_to_f32(infer::f32_to_f16(0.005f));
+            for (int e = 0; e < 256; ++e) {
+                const int h = e / 128, r = e % 128, pass = r / 32, l = r % 32;
+                const int q = (u8(block, 16 + 32 * h + l) >> (2 * pass)) & 3;
+                const int packed = u8(block, static_cast<size_t>(e / 16));
+                CHECK(y[static_cast<size_t>(e)] == d * static_cast<float>(packed & 15) * static_cast<float>(q) -
+                                                       dmin * static_cast<float>(packed >> 4));
+            }
+        }
+        {  // Q3_K: hmask[32] (bit e/32 of hmask[e % 32]), qs[64], 12 bytes of 6-bit scales, d
+            std::vector<std::byte> block = random_block(110);
+            set_f16(block, 108, 0.04f);
+            std::vector<float> y(256);
+            infer::dequantize_row(infer::DType::Q3_K, block.data(), y.data(), 256);
+            const float d = infer::f16_to_f32(infer::f32_to_f16(0.04f));
+            for (int e = 0; e < 256; ++e) {
+                const int h = e / 128, r = e % 128, pass = r / 32, l = r % 32, sub = e / 16;
+                const int low2 = (u8(block, 32 + 32 * h + l) >> (2 * pass)) & 3;
+                const int high = (u8(block, static_cast<size_t>(e % 32)) >> (e / 32)) & 1;
+                const int scale_low = sub < 8 ? u8(block, 96 + sub) & 15 : u8(block, 96 + sub - 8) >> 4;
+                const int scale_high = (u8(block, 96 + 8 + sub % 4) >> (2 * (sub / 4))) & 3;
+                const int scale = (scale_low | scale_high << 4) - 32;
+                CHECK(y[static_cast<size_t>(e)] == d * static_cast<float>(scale) * static_cast<float>(low2 - (high ? 0 : 4)));
+            }
+        }
+    }
+}
