@@ -526,7 +526,8 @@ struct ModelConfig {
     int head_dim = 0;          // Dh (qwen3: H × Dh may differ from D)
     int ffn_dim = 0;           // F
     int vocab_size = 0;        // V
-    int context_length = 0;    // the largest position the model was built for
+    int context_length = 0;    // positions it runs at: the file's; a caller may lower it (llama.cpp's -c) to bound
+                               // prompt + output and the KV cache
     double rope_theta = 10000;   // RoPE's base: dimension pair i turns by position · theta^(-2i/Dh)
     double norm_eps = 1e-5;      // RMSNorm's epsilon, from the file: it changes the logits at the 1e-4 level
     int sliding_window = 0;  // attend to at most this many latest positions (Mistral); 0: the whole prefix
@@ -589,6 +590,11 @@ inline const char* format_name(ModelFormat format) {
     return "?";
 }
 
+namespace detail {
+struct TokenizerSlot;  // section 04: the tokenizer tokenizer_for() builds once per Model
+inline std::shared_ptr<TokenizerSlot> new_tokenizer_slot();
+}  // namespace detail
+
 // The weights and everything the forward pass needs to know about them. Tensors point into `files` (mapped) or
 // `owned` (built in): the Model owns both, and everything built from it keeps a reference, so it must outlive them.
 struct Model {
@@ -604,6 +610,9 @@ struct Model {
 
     std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive (shared: a GgufFile may hold one too)
     std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
+    // Its tokenizer, built by the first tokenizer_for() and handed out from then on: reading a tokenizer.json takes
+    // 0.2-0.7 s, too much to pay on every generate(). Shared, so a moved Model keeps it.
+    std::shared_ptr<detail::TokenizerSlot> tokenizer_slot = detail::new_tokenizer_slot();
 
     // Tensors point into `files` or `owned`: a copy would point into the original's buffers, so a Model only moves.
     Model() = default;
@@ -2616,17 +2625,28 @@ struct GenerationResult {
     LayerTimes times;
 };
 
+namespace detail {
+struct TokenizerSlot {
+    std::mutex mutex;  // two engines built at once on one Model build its tokenizer once
+    std::optional<Tokenizer> tokenizer;
+};
+inline std::shared_ptr<TokenizerSlot> new_tokenizer_slot() { return std::make_shared<TokenizerSlot>(); }
+}  // namespace detail
+
 // Whether tokenizer_for(model) has a tokenizer to give.
 inline bool has_tokenizer(const Model& model) {
+    if (model.tokenizer_slot) {
+        std::lock_guard lock(model.tokenizer_slot->mutex);
+        if (model.tokenizer_slot->tokenizer) return true;
+    }
     if (model.format == ModelFormat::HuggingFace) return std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json");
     return !model.vocab.empty();
 }
 
-// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
-// llama2.c's tokenizer.bin. A Hugging Face folder's is read from disk on each call: keep the result.
-inline Tokenizer tokenizer_for(const Model& model) {
+namespace detail {
+inline Tokenizer read_model_tokenizer(const Model& model) {
     if (model.format == ModelFormat::HuggingFace) {
-        if (!has_tokenizer(model))
+        if (!std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json"))
             fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
         return load_tokenizer(model.source);
     }
@@ -2639,6 +2659,18 @@ inline Tokenizer tokenizer_for(const Model& model) {
                                                     : "unsupported tokenizer.ggml.model \"" + model.vocab.model_name + "\"",
                      "); pass token ids instead");
     return tokenizer_from_vocabulary(model.vocab, model.config.bos_id, model.config.eos_ids, model.source);
+}
+}  // namespace detail
+
+// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
+// llama2.c's tokenizer.bin. Built on the first call and kept in the Model; a Tokenizer is a handle to shared tables,
+// so the copy each call returns costs nothing.
+inline Tokenizer tokenizer_for(const Model& model) {
+    if (!model.tokenizer_slot) fail(model.source, ": this Model was moved from; it has no tokenizer");
+    detail::TokenizerSlot& slot = *model.tokenizer_slot;
+    std::lock_guard lock(slot.mutex);
+    if (!slot.tokenizer) slot.tokenizer = detail::read_model_tokenizer(model);  // a failure is retried next call
+    return *slot.tokenizer;
 }
 
 // Generates from prompt ids; on_text receives the text as it completes (may be empty to skip streaming).

@@ -289,3 +289,57 @@ TEST_CASE("a failed generate prints nothing on stdout, and -n capped by the cont
     CHECK(capped.exit_code == 0);
     CHECK(contains(capped.err, "tokens -n asked for: the prompt and the output filled the model's context of 2048 tokens"));
 }
+
+TEST_CASE("llama.cpp's --model, --repeat-penalty, -c/--ctx-size and -sys/--system") {
+    test::TempDir dir("llama-spellings");
+    REQUIRE(test::run_infer({"make-model", "-o", (dir / "m").string(), "--dim", "32", "--layers", "1", "--heads", "2",
+                             "--ffn", "64", "--vocab", "64", "--context", "64"}).exit_code == 0);
+    const std::vector<std::string> request = {"--prompt-ids", "1,2,3", "-n", "4", "--temp", "0", "--ids", "--ignore-eos"};
+    auto with = [&](std::vector<std::string> args) {
+        args.insert(args.end(), request.begin(), request.end());
+        return test::run_infer(args);
+    };
+    test::ProgramRun plain = with({"generate", "-m", (dir / "m").string()});
+    CHECK(plain.exit_code == 0);
+    CHECK(with({"generate", "--model", (dir / "m").string()}).out == plain.out);
+
+    test::ProgramRun penalty = test::run_infer({"generate", "-p", "Hello", "-n", "24", "-s", "5", "--repetition-penalty", "1.5"});
+    CHECK(penalty.exit_code == 0);
+    CHECK(test::run_infer({"generate", "-p", "Hello", "-n", "24", "-s", "5", "--repeat-penalty", "1.5"}).out == penalty.out);
+
+    // -c bounds prompt + output: the demo model's 1024 positions become 16, and the capped -n says so.
+    test::ProgramRun bounded = test::run_infer({"generate", "-p", "Hello", "-n", "100", "-s", "1", "--ignore-eos", "-c", "16"});
+    CHECK(bounded.exit_code == 0);
+    CHECK(contains(bounded.err, "filled the model's context of 16 tokens"));
+    CHECK(contains(bounded.err, "prompt: 7 tokens, generated: 9 tokens"));  // 7 + 9 = 16 positions
+    CHECK(test::run_infer({"generate", "-p", "Hello", "-n", "100", "-s", "1", "--ignore-eos", "--ctx-size", "16"}).out == bounded.out);
+    test::ProgramRun too_short = test::run_infer({"generate", "-p", "Hello", "-c", "4"});
+    CHECK(too_short.exit_code == 1);
+    CHECK(too_short.out.empty());
+    CHECK(contains(too_short.err, "the model's context holds 4"));
+    test::ProgramRun too_long = with({"generate", "-m", (dir / "m").string(), "-c", "65"});
+    CHECK(too_long.exit_code == 1);
+    CHECK(contains(too_long.err, "option -c: 65 positions is more than"));
+    CHECK(contains(too_long.err, "was built for (64)"));
+    CHECK(test::run_infer({"logits", "-m", (dir / "m").string(), "--tokens", "1,2,3", "--out", (dir / "l.f32").string(),
+                           "-c", "2"}).exit_code == 1);  // 3 tokens do not fit in 2 positions
+
+    // -sys: the conversation opens with a system message. This template writes the contents one after another, so
+    // the system text followed by the user's reads exactly as the two typed as one user turn.
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string model = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
+    test::write_file(dir / "concat.jinja", "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}");
+    const std::vector<std::string> chat = {"chat", "-m", model, "--chat-template", (dir / "concat.jinja").string(), "-n", "12",
+                                           "--temp", "0"};
+    auto chat_with = [&](std::vector<std::string> extra, const std::string& input) {
+        std::vector<std::string> args = chat;
+        args.insert(args.end(), extra.begin(), extra.end());
+        return test::run_infer(args, input);
+    };
+    test::ProgramRun together = chat_with({}, "Once upon a time, there was\n");
+    test::ProgramRun system = chat_with({"--system", "Once upon a time"}, ", there was\n");
+    CAPTURE(system.err);
+    CHECK(system.exit_code == 0);
+    CHECK(system.out == together.out);
+    CHECK(chat_with({"-sys", "Once upon a time"}, ", there was\n").out == together.out);
+}

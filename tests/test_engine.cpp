@@ -490,3 +490,37 @@ TEST_CASE("logprobs: the sampled token's log-probability and the likeliest alter
     CHECK(refused.request_id == bad);
     CHECK(refused.error.find("logprobs") != std::string::npos);
 }
+
+TEST_CASE("a Model reads its tokenizer once: generate() from text reuses it, engines share it") {
+    REQUIRE_SHARED_OR_SKIP();
+    // A small random model with Llama 2's vocabulary and its tokenizer.json beside it, as a Hugging Face folder.
+    test::TempDir dir("tokenizer-once");
+    auto folder = dir / "m";
+    infer::save_random_model(folder, {.dim = 32, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 64,
+                                      .vocab_size = 32000, .context_length = 64}, infer::DType::F32, 3);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+        std::filesystem::copy_file(test::shared_dir() / "tokenizers/llama2" / file, folder / file);
+    infer::Model model = infer::load_model(folder);
+    infer::ThreadPool pool(1);
+    infer::SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = 3;
+    params.ignore_eos = true;
+    infer::GenerationResult first = infer::generate(model, pool, "Hello world", params);
+    CHECK(first.prompt_ids == std::vector<int>{1, 15043, 3186});
+    // With the file gone, only a tokenizer kept in the Model can still encode: every later call uses that one.
+    std::filesystem::remove(folder / "tokenizer.json");
+    CHECK(infer::has_tokenizer(model));
+    infer::GenerationResult second = infer::generate(model, pool, "Hello world", params);
+    CHECK(second.prompt_ids == first.prompt_ids);
+    CHECK(second.generated_ids == first.generated_ids);
+    infer::Engine engine(model, pool);
+    REQUIRE(engine.tokenizer());
+    CHECK(engine.tokenizer()->encode("Hello world") == first.prompt_ids);
+    // A moved Model takes its tokenizer along; a fresh load of the folder has none to read.
+    infer::Model moved = std::move(model);
+    CHECK(infer::tokenizer_for(moved).encode("Hello world") == first.prompt_ids);
+    infer::Model reloaded = infer::load_model(folder);
+    CHECK(!infer::has_tokenizer(reloaded));
+    CHECK(test::error_of([&] { infer::tokenizer_for(reloaded); }).find("no tokenizer.json") != std::string::npos);
+}

@@ -54,7 +54,7 @@ public:
         static const std::map<std::string, std::string> aliases = {
             {"--model", "-m"},          {"--prompt", "-p"},       {"--threads", "-t"},       {"--n-predict", "-n"},
             {"-s", "--seed"},           {"--file", "-f"},         {"--repeat-penalty", "--repetition-penalty"},
-            {"--temperature", "--temp"}, {"-sys", "--system"}};
+            {"--temperature", "--temp"}, {"-sys", "--system"},    {"--ctx-size", "-c"}};
         auto found = aliases.find(name);
         if (found == aliases.end()) return name;
         const std::string& target = found->second;
@@ -101,6 +101,18 @@ inline infer::Model model_or_demo(const std::string& path) {
     if (!path.empty()) return infer::load_model(path);
     std::cerr << "note: no -m given, so this runs the built-in demo model (random weights; the figures are real)\n";
     return infer::demo_model();
+}
+
+// -c N (llama.cpp's --ctx-size): run the model at N positions at most, which bounds prompt + output and the KV cache a
+// request can take. 0 or no -c: the model's own context. More than the model was built for is refused: positions
+// past its training are out of distribution, and the model would only break down there.
+inline void apply_context_option(infer::Model& model, const CommandLine& options) {
+    const long long context = options.integer("-c", 0, 0, std::numeric_limits<int>::max());
+    if (context == 0) return;
+    if (context > model.config.context_length)
+        infer::fail("option -c: ", context, " positions is more than ", model.source, " was built for (",
+                    model.config.context_length, "); use at most that, or 0 for all of it");
+    model.config.context_length = static_cast<int>(context);
 }
 
 // The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,

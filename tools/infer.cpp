@@ -45,14 +45,14 @@ namespace {
 const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
-                 [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
+                 [-t THREADS] [-c CONTEXT] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
   infer detokenize -m PATH                      stdin {"ids": [...]} lines -> {"text": ...} lines
   infer render-chat -m PATH [--chat-template FILE_OR_NAME]
                                                 stdin {"messages": [...], "add_generation_prompt": true} lines
                                                 -> {"text": ..., "ids": [...]} or {"error": ...} lines
-  infer chat -m PATH [--chat-template FILE_OR_NAME] [--temp T ...as generate]
+  infer chat -m PATH [--chat-template FILE_OR_NAME] [--system TEXT] [--temp T ...as generate]
   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda] [--no-mmap]
@@ -71,12 +71,14 @@ const char* usage_text = R"(usage:
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
   -t N      threads for the matmuls (default: all cores)
+  -c N      run the model at N positions at most: bounds prompt + output and the KV cache (default: the model's;
+            generate, chat, logits, run-batch, serve)
   tokenize/detokenize/render-chat take a model (folder, .gguf, .bin) or just its tokenizer: a folder holding
   tokenizer.json (+ tokenizer_config.json), a tokenizer.json, a .gguf or a llama2.c tokenizer.bin.
   --chat-template: a file, or a built-in name: chatml, llama3, llama2.
 
-  Options also answer to llama.cpp's spellings: --model, --prompt, --file, --threads, --n-predict, -s (--seed),
-  --repeat-penalty, --temperature. infer --version prints the version.
+  Options also answer to llama.cpp's spellings: --model, --prompt, --file, --threads, --n-predict, --ctx-size,
+  -s (--seed), --repeat-penalty, --temperature, -sys (--system). infer --version prints the version.
 )";
 
 std::vector<int> parse_ids(const std::string& option, const std::string& list) {
@@ -109,6 +111,7 @@ infer::Model load(const CommandLine& options, infer::LayerTimes& times) {
     infer::Stopwatch clock;
     infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"),
                                            options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map);
+    apply_context_option(model, options);
     times.load = clock.seconds();
     return model;
 }
@@ -195,6 +198,7 @@ int run_generate(const CommandLine& options) {
     } else {
         infer::Stopwatch clock;
         model = infer::demo_model();
+        apply_context_option(model, options);
         load_times.load = clock.seconds();
         std::cerr << "note: no -m given, so this runs the built-in demo model: random weights and a byte vocabulary.\n"
                      "      Its output is meaningless. Load a real checkpoint with -m (see README.md), e.g.\n"
@@ -399,6 +403,9 @@ int run_chat(const CommandLine& options) {
     infer::SamplingParams params = sampling_params(options);
     infer::ThreadPool pool(thread_count(options));
     infer::Json::Array messages;
+    if (options.has("--system"))  // llama.cpp's -sys: the conversation opens with this system message
+        messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("system"))},
+                                                           {"content", infer::Json(options.text("--system"))}}));
     const bool interactive = ::isatty(0);
     std::string line;
     while (true) {
@@ -623,7 +630,7 @@ int run_command(int argc, char** argv) {
         std::string command = argc > 1 ? argv[1] : "";
         if (command == "generate")
             return run_generate(CommandLine(argc, argv, 2,
-                                        {"-m", "-p", "-f", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
+                                        {"-m", "-p", "-f", "-n", "-c", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids", "--device"},
                                         {"--ignore-eos", "--ids", "--no-mmap"}, usage_text));
@@ -635,17 +642,17 @@ int run_command(int argc, char** argv) {
             return run_render_chat(CommandLine(argc, argv, 2, {"-m", "--tokenizer", "--chat-template"}, {}, usage_text));
         if (command == "chat")
             return run_chat(CommandLine(argc, argv, 2,
-                                        {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
+                                        {"-m", "-n", "-c", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-                                         "--tokenizer", "--chat-template"},
+                                         "--tokenizer", "--chat-template", "--system"},
                                         {"--ignore-eos"}, usage_text));
         if (command == "logits")
-            return run_logits(CommandLine(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "--tokenizer"}, {}, usage_text));
+            return run_logits(CommandLine(argc, argv, 2, {"-m", "--tokens", "--out", "-t", "-c", "--tokenizer"}, {}, usage_text));
         if (command == "run-batch")
             return run_batch(CommandLine(argc, argv, 2,
                                          {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
                                           "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template",
-                                          "--device"},
+                                          "--device", "-c"},
                                          {"--no-prefix-cache", "--no-mmap"}, usage_text));
         if (command == "serve" || command == "route") {
 #ifdef INFER_SERVE

@@ -112,6 +112,7 @@ private:
             model_ = infer::demo_model();
             served_name_ = "infer-demo";
         }
+        apply_context_option(model_, options_);
         served_name_ = options_.text("--served-model-name", served_name_);
         if (infer::has_tokenizer(model_)) tokenizer_ = infer::tokenizer_for(model_);
         if (tokenizer_) {
@@ -561,7 +562,7 @@ int run_serve(int argc, char** argv) {
     CommandLine options(argc, argv, 2,
                         {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",
                          "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads", "--backlog",
-                         "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size"},
+                         "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size", "-c"},
                         {"--no-prefix-cache", "--no-mmap"}, serve::serve_usage);
     serve::Server server(options);
     return server.run();
