@@ -25,6 +25,7 @@
 #include "infer.hpp"
 #include "chat_template.hpp"
 #include "command_line.hpp"
+#include "hub.hpp"
 #include "server.hpp"
 
 #include <cerrno>
@@ -67,9 +68,12 @@ const char* usage_text = R"(usage:
   infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
+  infer pull ORG/NAME[:QUANT|/FILE]             downloads from the Hugging Face hub into its cache, prints the path
 
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
+  -m hf:ORG/NAME[:QUANT|/FILE]   a model on the Hugging Face hub, pulled first (infer pull --help); also
+            llama.cpp's -hf ORG/NAME[:QUANT] and -hff FILE
   -t N      threads for the matmuls (default: all cores)
   -c N      run the model at N positions at most: bounds prompt + output and the KV cache (default: the model's;
             generate, chat, logits, run-batch, serve)
@@ -628,6 +632,14 @@ int run_make_model(const CommandLine& options) {
 int run_command(int argc, char** argv) {
     try {
         std::string command = argc > 1 ? argv[1] : "";
+        if (command == "pull") return hub::run_pull(argc, argv);
+        // -m hf:ORG/NAME[:QUANT|/FILE], -hf ORG/NAME[:QUANT] and -hff FILE become -m LOCAL_PATH (pulled first).
+        std::vector<std::string> resolved = hub::resolve_model_arguments({argv, argv + argc}, hub::Settings::from_environment());
+        std::vector<char*> resolved_argv;
+        for (std::string& arg : resolved) resolved_argv.push_back(arg.data());
+        resolved_argv.push_back(nullptr);
+        argc = static_cast<int>(resolved.size());
+        argv = resolved_argv.data();
         if (command == "generate")
             return run_generate(CommandLine(argc, argv, 2,
                                         {"-m", "-p", "-f", "-n", "-c", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
