@@ -18,11 +18,13 @@ inline std::filesystem::path shared_dir() {
     return std::filesystem::exists(path / "models" / "stories260K") ? path : std::filesystem::path();
 }
 
-// Tests that need ../shared call this first; without it they pass with a message saying what was skipped.
-#define REQUIRE_SHARED_OR_SKIP()                                                                                 \
-    if (test::shared_dir().empty()) {                                                                            \
-        MESSAGE("SKIPPED: test data not found (set INFER_SHARED or meson -Dshared_dir=PATH to ../shared)");     \
-        return;                                                                                                  \
+// Tests that need ../shared call this first; without it they pass, and the run ends with one line naming every case
+// skipped so and how to get the data (tests/doctest_main.cpp).
+void note_skipped_for_want_of_data();
+#define REQUIRE_SHARED_OR_SKIP()                 \
+    if (test::shared_dir().empty()) {            \
+        test::note_skipped_for_want_of_data();   \
+        return;                                  \
     }
 
 inline std::vector<float> read_floats(const std::filesystem::path& path) {
