@@ -220,11 +220,13 @@ std::unique_ptr<httplib::Client> client_for(const std::string& origin) {
     client->set_connection_timeout(15);
     client->set_read_timeout(60);
     client->set_follow_location(false);  // redirects are followed here, to drop the token when the host changes
+    client->set_decompress(false);        // the bytes as stored: sizes, ranges and hashes are of those
     return client;
 }
 
 httplib::Headers request_headers(const Settings& settings, const std::string& origin) {
-    httplib::Headers headers = {{"User-Agent", std::string("infer/") + INFER_VERSION_STRING}};
+    // identity: a compressed answer would have another length than the file, and ranges of other bytes.
+    httplib::Headers headers = {{"User-Agent", std::string("infer/") + INFER_VERSION_STRING}, {"Accept-Encoding", "identity"}};
     // The token goes to the hub only, never to the storage a download is redirected to.
     if (!settings.token.empty() && split_url(settings.endpoint).origin == origin)
         headers.emplace("Authorization", "Bearer " + settings.token);
