@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <regex>
 #include <set>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -744,15 +743,19 @@ FilePlan plan_files(const ModelReference& reference, const std::vector<std::stri
         const std::string file = pick_gguf(listing, reference.quant, reference.repo);
         plan.files = {file};
         plan.model = file;
-        // A split GGUF (name-00001-of-00003.gguf) comes with its other parts.
-        static const std::regex split(R"((.*)-(\d{5})-of-(\d{5})\.gguf)", std::regex::icase);
-        std::smatch part;
-        if (std::regex_match(file, part, split))
-            for (const std::string& path : listing) {
-                std::smatch other;
-                if (path != file && std::regex_match(path, other, split) && other[1] == part[1] && other[3] == part[3])
-                    plan.files.push_back(path);
-            }
+        // A split GGUF (name-00001-of-00003.gguf) comes with its other parts: the same name but for the part number.
+        auto split = [](const std::string& path) -> std::optional<std::string> {  // the name without its part number
+            const std::string name = lower(path);
+            if (name.size() < 21 || !ends_with(name, ".gguf") || name.compare(name.size() - 20, 1, "-") != 0 ||
+                name.compare(name.size() - 14, 4, "-of-") != 0)
+                return std::nullopt;
+            const std::string digits = name.substr(name.size() - 19, 5) + name.substr(name.size() - 10, 5);
+            if (!std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); })) return std::nullopt;
+            return name.substr(0, name.size() - 19) + name.substr(name.size() - 14);
+        };
+        if (const std::optional<std::string> whole = split(file))
+            for (const std::string& path : listing)
+                if (path != file && split(path) == whole) plan.files.push_back(path);
         return plan;
     }
     if (!safetensors_repo)

@@ -20,6 +20,8 @@
 //   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
+//   infer pull ORG/NAME[:QUANT|/FILE]           from the Hugging Face hub into its cache (hub.cpp); -m hf:... and
+//                                               -hf/-hff pull the same way for every command that takes a model
 //
 // Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
 #include "infer.hpp"
