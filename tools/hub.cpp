@@ -339,7 +339,15 @@ FileMeta file_meta(const Settings& settings, const std::string& repo, const std:
     if (meta.etag.empty()) meta.etag = bare_etag(header(answer.headers, "ETag"));
     std::string size = header(answer.headers, "X-Linked-Size");
     if (size.empty()) size = header(answer.headers, "Content-Length");
-    if (!size.empty()) meta.size = std::stoull(size);
+    if (!size.empty()) {
+        size_t used = 0;
+        try {
+            meta.size = std::stoull(size, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != size.size()) infer::fail(path, " in ", repo, ": the hub gave its size as \"", size, "\", not a number");
+    }
     meta.location = redirect ? resolve_location(split_url(answer.url), header(answer.headers, "Location")) : answer.url;
     if (meta.commit.empty() || meta.etag.empty())
         infer::fail(path, " in ", repo, ": the answer of ", settings.endpoint,
