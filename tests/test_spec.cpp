@@ -512,3 +512,87 @@ TEST_CASE("speculative decoding refuses what cannot work, naming it") {
     CHECK(message.find("512") != std::string::npos);
     CHECK(test::error_of([] { infer::parse_spec_method("medusa"); }).find("ngram, draft or none") != std::string::npos);
 }
+
+TEST_CASE("infer generate --spec: the same ids as without, acceptance on the stats line; bad options named") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string dir = (test::shared_dir() / "models/stories260K").string();
+    const std::string model = dir + "/stories260K.gguf";
+    const Reference reference = stories_references()[2];
+    std::string prompt_ids;
+    for (int id : reference.prompt) prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(id);
+    std::string expected_ids;
+    for (int id : reference.generated) expected_ids += (expected_ids.empty() ? "" : ",") + std::to_string(id);
+    const std::vector<std::vector<std::string>> variants = {
+        {"--spec", "ngram"},
+        {"--spec", "ngram", "--spec-k", "8", "--spec-ngram", "2"},
+        {"--spec", "draft", "--draft-model", dir + "/stories260K.bin", "--spec-k", "2"},
+        {"--draft-model", model},  // --draft-model alone means draft
+    };
+    for (const std::vector<std::string>& spec : variants) {
+        std::vector<std::string> args = {"generate", "-m", model, "--prompt-ids", prompt_ids, "-n", "200", "--temp", "0", "--ids", "-t", "2"};
+        args.insert(args.end(), spec.begin(), spec.end());
+        test::ProgramRun run = test::run_infer(args);
+        CAPTURE(run.err);
+        REQUIRE(run.exit_code == 0);
+        CHECK(run.out.find("\"generated_ids\":[" + expected_ids + "]") != std::string::npos);
+        CHECK(run.err.find("accepted (") != std::string::npos);
+        CHECK(run.err.find("tokens per verifying step") != std::string::npos);
+    }
+    auto error = [&](std::vector<std::string> options) {
+        std::vector<std::string> args = {"generate", "-m", model, "-p", "Hi", "-n", "4"};
+        args.insert(args.end(), options.begin(), options.end());
+        test::ProgramRun run = test::run_infer(args);
+        CHECK(run.exit_code == 1);
+        CHECK(run.out.empty());
+        return run.err;
+    };
+    CHECK(error({"--spec", "medusa"}).find("unknown speculative method 'medusa'") != std::string::npos);
+    CHECK(error({"--spec", "draft"}).find("--draft-model PATH") != std::string::npos);
+    CHECK(error({"--spec-k", "3"}).find("--spec-k needs --spec") != std::string::npos);
+    CHECK(error({"--spec", "ngram", "--spec-k", "0"}).find("--spec-k: 0 is out of range (1..64)") != std::string::npos);
+    CHECK(error({"--spec", "ngram", "--draft-model", model}).find("--draft-model is for --spec draft") != std::string::npos);
+    test::TempDir other("spec-vocab");
+    REQUIRE(test::run_infer({"make-model", "-o", other.path().string(), "--dim", "16", "--layers", "1", "--heads", "2",
+                             "--ffn", "32", "--vocab", "300", "--context", "64"}).exit_code == 0);
+    std::string message = error({"--spec", "draft", "--draft-model", other.path().string()});
+    CHECK(message.find("vocabulary of 300 tokens") != std::string::npos);
+    CHECK(message.find("512") != std::string::npos);
+}
+
+TEST_CASE("infer run-batch --spec: the same output lines as without, the counts in the summary and the trace") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("spec-batch");
+    const std::string model = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
+    std::string lines;
+    for (const char* prompt : {"Once upon a time", "Lily and Ben", "The cat", "One day"})
+        lines += std::string(R"({"custom_id": ")") + prompt + R"(", "method": "POST", "url": "/v1/completions", "body": {"prompt": ")" +
+                 prompt + R"(", "max_tokens": 60, "temperature": 0}})" "\n";
+    test::write_file(dir / "in.jsonl", lines);
+    auto bodies = [&](const std::vector<std::string>& extra) {
+        std::vector<std::string> args = {"run-batch", "-m", model, "-i", (dir / "in.jsonl").string(), "-o", (dir / "out.jsonl").string(),
+                                         "--trace", (dir / "trace.json").string(), "-t", "2"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        test::ProgramRun run = test::run_infer(args);
+        CAPTURE(run.err);
+        REQUIRE(run.exit_code == 0);
+        std::vector<std::string> texts;
+        std::istringstream out(infer::read_text_file(dir / "out.jsonl"));
+        for (std::string line; std::getline(out, line);)
+            texts.push_back(infer::Json::parse(line).at("response").at("body").at("choices").as_array()[0].at("text").as_string());
+        return std::make_pair(texts, run.err);
+    };
+    auto [plain, plain_err] = bodies({});
+    CHECK(plain_err.find("speculative") == std::string::npos);
+    auto [spec, spec_err] = bodies({"--spec", "ngram", "--spec-k", "5"});
+    CHECK(spec == plain);
+    CHECK(spec_err.find("speculative (ngram, k 5): ") != std::string::npos);
+    infer::Json trace = test::read_json(dir / "trace.json");
+    int64_t drafted = 0;
+    for (const infer::Json& event : trace.at("traceEvents").as_array())
+        if (const infer::Json* args = event.find("args"); args && event.at("name").as_string().rfind("step", 0) == 0)
+            if (const infer::Json* d = args->find("draft_tokens")) {
+                drafted += d->as_int();
+                CHECK(args->at("accepted_tokens").as_int() <= d->as_int());
+            }
+    CHECK(drafted > 0);
+}
