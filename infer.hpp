@@ -1989,6 +1989,7 @@ public:
     // of its longest already-computed prefix (match_prefix), and computed blocks are named for later prompts (commit).
     bool reserve(int sequence, int n_tokens);
     void release(int sequence);
+    void truncate(int sequence, int n_tokens);  // gives back the blocks past n_tokens (rejected speculative tokens)
     int match_prefix(int sequence, std::span<const int> tokens);
     int cached_prefix_tokens(std::span<const int> tokens) const;  // what match_prefix would find, changing nothing
     void commit(int sequence, std::span<const int> tokens, int n_computed);
@@ -2509,37 +2510,9 @@ public:
     // Picks the next token. `logits` [V] is modified in place.
     int sample(std::span<float> logits) {
         apply_penalties(logits);
-        const int V = static_cast<int>(logits.size());
-        if (params_.temperature == 0) {
-            int best = 0;
-            for (int i = 1; i < V; ++i)
-                if (logits[i] > logits[best]) best = i;
-            return best;
-        }
-        candidates_.resize(static_cast<size_t>(V));
-        for (int i = 0; i < V; ++i) candidates_[i] = {logits[i] / params_.temperature, i};
-        auto higher = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-        size_t kept = candidates_.size();
-        if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept) {
-            std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), higher);
-            kept = static_cast<size_t>(params_.top_k);
-        }
-        std::sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(kept), higher);
-        // Softmax over the survivors (the largest logit is first).
+        if (params_.temperature == 0) return argmax(logits);
+        const size_t kept = keep_candidates(logits);
         double total = 0;
-        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability = std::exp(candidates_[i].logit - candidates_[0].logit);
-        if (params_.top_p < 1) {  // the smallest head of the distribution whose mass reaches top_p
-            double mass = 0;
-            size_t i = 0;
-            while (i < kept && mass < params_.top_p * total) mass += candidates_[i++].probability;
-            kept = std::max<size_t>(1, i);
-        }
-        if (params_.min_p > 0) {  // drop tokens less likely than min_p × the most likely one
-            size_t i = 1;
-            while (i < kept && candidates_[i].probability >= params_.min_p * candidates_[0].probability) ++i;
-            kept = i;
-        }
-        total = 0;
         for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability;
         double target = uniform() * total;
         for (size_t i = 0; i < kept; ++i) {
@@ -2547,6 +2520,50 @@ public:
             if (target < 0) return candidates_[i].id;
         }
         return candidates_[kept - 1].id;
+    }
+
+    // The distribution sample() draws from, written out as p [V]: zero outside what top-k, top-p and min-p keep, all
+    // of it on the argmax when greedy. Speculative decoding (section 06) weighs a drafted token by p itself rather
+    // than by one draw from it. `logits` [V] is modified in place.
+    void distribution(std::span<float> logits, std::vector<float>& p) {
+        apply_penalties(logits);
+        p.assign(logits.size(), 0.0f);
+        if (params_.temperature == 0) {
+            p[static_cast<size_t>(argmax(logits))] = 1;
+            return;
+        }
+        const size_t kept = keep_candidates(logits);
+        double total = 0;
+        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability;
+        for (size_t i = 0; i < kept; ++i) p[static_cast<size_t>(candidates_[i].id)] = static_cast<float>(candidates_[i].probability / total);
+    }
+
+    // One id drawn from weights w [V] (any non-negative numbers, not all zero), scanning ids in order.
+    int draw(std::span<const float> w) {
+        double total = 0;
+        for (float x : w) total += x;
+        double target = uniform() * total;
+        int last = 0;
+        for (size_t i = 0; i < w.size(); ++i) {
+            if (w[i] <= 0) continue;
+            last = static_cast<int>(i);
+            target -= w[i];
+            if (target < 0) return last;
+        }
+        return last;  // rounding left a sliver of target: the last id with weight
+    }
+
+    double uniform() {  // [0, 1) from the top 53 bits of xoshiro256**
+        auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+        uint64_t result = rotl(rng_[1] * 5, 7) * 9;
+        uint64_t t = rng_[1] << 17;
+        rng_[2] ^= rng_[0];
+        rng_[3] ^= rng_[1];
+        rng_[1] ^= rng_[2];
+        rng_[0] ^= rng_[3];
+        rng_[2] ^= t;
+        rng_[3] = rotl(rng_[3], 45);
+        return static_cast<double>(result >> 11) * 0x1.0p-53;
     }
 
 private:
@@ -2574,17 +2591,41 @@ private:
                 logits[id] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(counts_[id]);
     }
 
-    double uniform() {  // [0, 1) from the top 53 bits of xoshiro256**
-        auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
-        uint64_t result = rotl(rng_[1] * 5, 7) * 9;
-        uint64_t t = rng_[1] << 17;
-        rng_[2] ^= rng_[0];
-        rng_[3] ^= rng_[1];
-        rng_[1] ^= rng_[2];
-        rng_[0] ^= rng_[3];
-        rng_[2] ^= t;
-        rng_[3] = rotl(rng_[3], 45);
-        return static_cast<double>(result >> 11) * 0x1.0p-53;
+    static int argmax(std::span<const float> logits) {  // ties to the lowest id
+        int best = 0;
+        for (int i = 1; i < static_cast<int>(logits.size()); ++i)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+
+    // Temperature, then top-k, top-p and min-p: candidates_[0, kept) hold the survivors, likeliest first, with their
+    // unnormalized probabilities. Returns kept.
+    size_t keep_candidates(std::span<const float> logits) {
+        const int V = static_cast<int>(logits.size());
+        candidates_.resize(static_cast<size_t>(V));
+        for (int i = 0; i < V; ++i) candidates_[i] = {logits[i] / params_.temperature, i};
+        auto higher = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+        size_t kept = candidates_.size();
+        if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept) {
+            std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), higher);
+            kept = static_cast<size_t>(params_.top_k);
+        }
+        std::sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(kept), higher);
+        // Softmax over the survivors (the largest logit is first).
+        double total = 0;
+        for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability = std::exp(candidates_[i].logit - candidates_[0].logit);
+        if (params_.top_p < 1) {  // the smallest head of the distribution whose mass reaches top_p
+            double mass = 0;
+            size_t i = 0;
+            while (i < kept && mass < params_.top_p * total) mass += candidates_[i++].probability;
+            kept = std::max<size_t>(1, i);
+        }
+        if (params_.min_p > 0) {  // drop tokens less likely than min_p × the most likely one
+            size_t i = 1;
+            while (i < kept && candidates_[i].probability >= params_.min_p * candidates_[0].probability) ++i;
+            kept = i;
+        }
+        return kept;
     }
 
     SamplingParams params_;
@@ -2887,6 +2928,23 @@ inline void KVCache::release(int sequence) {
     m.sequences.erase(found);
 }
 
+// The opposite of reserve(): drops the blocks of a sequence's table past the first n_tokens positions, so slots that
+// held rejected speculative tokens (section 06) go back to the pool. Their K/V were never named (commit() names only
+// computed blocks), and slots past n_tokens in the last kept block are simply written again.
+inline void KVCache::truncate(int sequence, int n_tokens) {
+    BlockManager& m = *blocks_;
+    auto found = m.sequences.find(sequence);
+    if (found == m.sequences.end()) return;
+    BlockManager::SequenceBlocks& s = found->second;
+    const size_t keep = static_cast<size_t>((std::max(n_tokens, 0) + block_size_ - 1) / block_size_);
+    if (keep < static_cast<size_t>(s.hashed_blocks)) fail("KV cache: truncating sequence ", sequence, " would cut into its named blocks");
+    while (s.table.size() > keep) {
+        BlockManager::Block& block = m.blocks[static_cast<size_t>(s.table.back())];
+        if (--block.ref_count == 0) m.free_blocks.push_back(s.table.back());
+        s.table.pop_back();
+    }
+}
+
 // Attaches the cached blocks that hold a prefix of `tokens` to a sequence that holds none yet, and returns how many
 // tokens they cover (a multiple of B). At most tokens.size() - 1 are taken: the last token is always computed
 // again, because the next token's logits come from its forward pass (vLLM does the same).
@@ -2981,7 +3039,13 @@ struct Sequence {
     int computed = 0;         // tokens[0, computed) have K/V in the cache
     int cached_tokens = 0;  // prefix-cache hits at the last admission
     int preemptions = 0;
+    int draft = 0;            // the last `draft` ids are a proposer's guesses awaiting verification (speculative decoding)
     int remaining() const { return static_cast<int>(tokens.size()) - computed; }
+    bool decoding() const { return remaining() - draft == 1; }  // one real token to compute, plus any drafted ones
+    void drop_draft() {
+        tokens.resize(tokens.size() - static_cast<size_t>(draft));
+        draft = 0;
+    }
 };
 
 // A run of one sequence's tokens in this step's batch: tokens[start, start + count). `sample` is set when the run
@@ -2995,7 +3059,8 @@ struct ScheduledChunk {
 // One step's work: the chunks in batch order, and what it cost the queue.
 struct SchedulePlan {
     std::vector<ScheduledChunk> chunks;
-    int prefill_tokens = 0, decode_tokens = 0;
+    int prefill_tokens = 0, decode_tokens = 0;  // decode_tokens counts the drafted ids verified with them
+    int draft_tokens = 0;
     int preemptions = 0;
     int prefix_hit_tokens = 0;  // tokens admitted sequences found in the prefix cache
 };
@@ -3013,6 +3078,7 @@ public:
     bool empty() const { return waiting_.empty() && running_.empty(); }
     size_t waiting_count() const { return waiting_.size(); }
     size_t running_count() const { return running_.size(); }
+    const std::vector<Sequence*>& running() const { return running_; }
 
     // Forgets a finished or cancelled sequence (its blocks are the caller's to release).
     void remove(const Sequence* sequence) {
@@ -3028,8 +3094,13 @@ public:
         for (int pass = 0; pass < 2; ++pass) {
             for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
                 Sequence* s = running_[i];
-                if ((pass == 0) != (s->remaining() == 1) || planned(plan, s)) continue;
+                if ((pass == 0) != s->decoding() || planned(plan, s)) continue;
                 int count = std::min(s->remaining(), budget);
+                // A draft that does not fit the budget is cut short: its tail would only be verified next step.
+                if (s->draft > 0 && count < s->remaining()) {
+                    s->draft -= s->remaining() - count;
+                    s->tokens.resize(static_cast<size_t>(s->computed + count));
+                }
                 if (!make_room(cache, plan, budget, s, s->computed + count)) continue;  // s itself was preempted
                 budget -= count;
                 add_chunk(plan, s, count);
@@ -3061,6 +3132,8 @@ public:
                 add_chunk(plan, s, count);
             }
         }
+        for (Sequence* s : running_)  // a decode the budget left out this step drafts afresh next step
+            if (s->draft > 0 && !planned(plan, s)) s->drop_draft();
         return plan;
     }
 
@@ -3077,7 +3150,8 @@ private:
     void add_chunk(SchedulePlan& plan, Sequence* s, int count) {
         bool sample = s->computed + count == static_cast<int>(s->tokens.size());
         plan.chunks.push_back({s, s->computed, count, sample});
-        (s->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) += count;
+        (s->decoding() ? plan.decode_tokens : plan.prefill_tokens) += count;
+        plan.draft_tokens += s->draft;
     }
 
     // Reserves blocks for s up to n_tokens, preempting the most recently admitted sequences until they fit. Returns
@@ -3096,10 +3170,12 @@ private:
         for (auto it = plan.chunks.begin(); it != plan.chunks.end(); ++it) {
             if (it->sequence != victim) continue;
             budget += it->count;
-            (victim->remaining() == 1 ? plan.decode_tokens : plan.prefill_tokens) -= it->count;
+            (victim->decoding() ? plan.decode_tokens : plan.prefill_tokens) -= it->count;
+            plan.draft_tokens -= victim->draft;
             plan.chunks.erase(it);
             break;
         }
+        victim->drop_draft();  // a preempted sequence recomputes only what was verified
         std::erase(running_, victim);
         cache.release(victim->id);
         victim->computed = 0;
@@ -3112,6 +3188,228 @@ private:
     std::deque<Sequence*> waiting_;   // first come, first served; a preempted sequence goes back to the front
     std::vector<Sequence*> running_;  // in admission order: the back is preempted first
 };
+
+// ---- Speculative decoding -------------------------------------------------------------------------------------------
+// Decode is memory-bound (chapter 07): a step that checks k + 1 tokens of one sequence reads the weights once, as a
+// one-token step does, and costs little more. So a cheap proposer guesses the next k tokens; the target model runs
+// them as extra query rows of that sequence in its next step, which gives k + 1 rows of logits at once, and keeps the
+// longest run of guesses its own sampler agrees with, plus one token of its own from the first row that disagrees (or
+// the row after the last guess). With acceptance rate α per guess a step yields (1 − α^(k+1)) / (1 − α) tokens
+// instead of 1 (Leviathan et al. 2023, Chen et al. 2023; vLLM's spec_decode). Exact: greedy keeps a guess only when
+// it is the argmax; sampling keeps guess x with probability min(1, p(x)/q(x)) and otherwise draws from
+// normalize(max(0, p − q)), which leaves every token's probability p (the proof: chapter 06). Rejected guesses cost
+// their slots in the KV cache until the sequence is rolled back: Sequence::tokens and computed trimmed, surplus blocks
+// freed (KVCache::truncate), and only verified blocks are ever named for the prefix cache.
+
+enum class SpecMethod { None, Ngram, Draft };
+
+inline const char* spec_method_name(SpecMethod method) {
+    switch (method) {
+        case SpecMethod::None: return "none";
+        case SpecMethod::Ngram: return "ngram";
+        case SpecMethod::Draft: return "draft";
+    }
+    return "?";
+}
+
+// "none", "ngram" or "draft" (as --spec takes them).
+inline SpecMethod parse_spec_method(std::string_view text) {
+    if (text == "none") return SpecMethod::None;
+    if (text == "ngram") return SpecMethod::Ngram;
+    if (text == "draft") return SpecMethod::Draft;
+    fail("unknown speculative method '", text, "': expected ngram, draft or none");
+}
+
+// One sequence's turn at the proposer: what it has so far and how far it may guess. The proposer fills `draft` (at
+// most max_tokens ids, possibly none) and `q`, the distribution each id was drawn from ([draft.size(), V]); an empty
+// q says each id was chosen with certainty (one-hot), as a lookup or a greedy draft model does.
+struct DraftRequest {
+    int sequence = 0;
+    std::span<const int> tokens;  // prompt + output so far, every id verified
+    int max_tokens = 0;
+    const SamplingParams* params = nullptr;  // the request's; a draft model samples q with them
+    uint64_t seed = 0;                       // the request's seed, so a seeded run drafts the same way again
+    std::vector<int> draft;
+    std::vector<float> q;
+};
+
+// What guesses tokens. propose() is called once per step for all the sequences about to decode; forget() when a
+// sequence ends, so a proposer that keeps state per sequence (a draft model's KV cache) can drop it.
+class Proposer {
+public:
+    virtual ~Proposer() = default;
+    virtual void propose(std::span<DraftRequest> requests) = 0;
+    virtual void forget(int /*sequence*/) {}
+};
+
+// Prompt lookup (n-gram) decoding: find the most recent earlier place where the last n ids occurred, and guess the k
+// ids that followed it there; no match for n, try n − 1, down to 1. No second model and no memory, and on text that
+// copies from its context (code edits, summaries that quote, repeated passages) most guesses hold. Cost: a backwards
+// scan of the sequence per step, microseconds.
+class NgramProposer : public Proposer {
+public:
+    explicit NgramProposer(int n = 3) : n_(n) {
+        if (n < 1) fail("speculative decoding: the n-gram length must be at least 1, found ", n);
+    }
+    void propose(std::span<DraftRequest> requests) override {
+        for (DraftRequest& r : requests) {
+            r.draft = lookup(r.tokens, n_, r.max_tokens);
+            r.q.clear();  // one-hot: a lookup is certain of its guess
+        }
+    }
+    // The ids that followed the most recent earlier match of the longest suffix (at most n ids) that has one.
+    static std::vector<int> lookup(std::span<const int> tokens, int n, int k) {
+        const int length = static_cast<int>(tokens.size());
+        for (int m = std::min(n, length - 1); m >= 1 && k > 0; --m) {
+            std::span<const int> suffix = tokens.last(static_cast<size_t>(m));
+            for (int start = length - m - 1; start >= 0; --start)  // most recent first; the suffix itself excluded
+                if (std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) {
+                    const int from = start + m, count = std::min(k, length - from);
+                    return {tokens.begin() + from, tokens.begin() + from + count};
+                }
+        }
+        return {};
+    }
+
+private:
+    int n_;
+};
+
+// A smaller model with the same vocabulary drafts k tokens one at a time, all sequences in one batch per token, with
+// its own paged KV cache. It keeps what it computed for each sequence and, at the next call, rolls back to the longest
+// prefix the target kept, so a step costs the draft model 1 + k small forward passes (the first also catches up on the
+// target's own token). q is the draft's distribution under the request's temperature and truncation (penalties are
+// left to the target: any q keeps the output exact, a closer one only keeps more guesses).
+class DraftModelProposer : public Proposer {
+public:
+    // `model` must outlive the proposer; `num_blocks` × `block_size` tokens of KV cache for the drafts.
+    DraftModelProposer(const Model& model, ThreadPool& pool, int num_blocks, int block_size)
+        : model_(model), forward_(model, pool), cache_(model.config, num_blocks, block_size) {
+        cache_.set_prefix_caching(false);  // positions are rewritten on rollback; nothing here is shared
+    }
+
+    void propose(std::span<DraftRequest> requests) override {
+        const int context = model_.config.context_length;
+        const size_t V = static_cast<size_t>(model_.config.vocab_size);
+        std::vector<int> limit(requests.size(), 0);  // [requests] how many ids each may still draft
+        std::vector<size_t> active;                  // requests with a row in the next batch, in batch order
+        batch_.clear();
+        for (size_t i = 0; i < requests.size(); ++i) {
+            DraftRequest& r = requests[i];
+            r.draft.clear();
+            r.q.clear();
+            const int n = static_cast<int>(r.tokens.size());
+            // Drafts 1..k−1 are fed back at positions n..n+k−2: the draft's context must hold them.
+            limit[i] = std::min(r.max_tokens, context - n + 1);
+            if (n == 0 || n > context || limit[i] <= 0 || !room_for(r.sequence, n + limit[i] - 1, requests)) continue;
+            State& state = states_[r.sequence];
+            // Roll back to what is still true: the longest common prefix, less the last id, whose logits are needed.
+            int kept = 0;
+            while (kept < state.computed && kept < n - 1 && state.tokens[kept] == r.tokens[kept]) ++kept;
+            state.tokens.assign(r.tokens.begin(), r.tokens.end());
+            for (int p = kept; p < n; ++p) batch_.add(r.tokens[p], p, r.sequence, p == n - 1);
+            if (!state.sampler) {
+                SamplingParams params = *r.params;
+                params.repetition_penalty = 1;
+                params.presence_penalty = params.frequency_penalty = 0;
+                params.seed = r.seed ^ 0x9E3779B97F4A7C15ull;  // its own stream, fixed by the request's seed
+                state.sampler.emplace(params, model_.config.vocab_size);
+            }
+            active.push_back(i);
+        }
+        while (!active.empty()) {  // one forward pass per drafted position, all sequences together
+            std::span<const float> logits = forward_.forward(batch_, cache_);
+            batch_.clear();
+            std::vector<size_t> next;
+            for (size_t row = 0; row < active.size(); ++row) {
+                DraftRequest& r = requests[active[row]];
+                State& state = states_[r.sequence];
+                state.computed = static_cast<int>(state.tokens.size());
+                row_.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * V), logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * V));
+                int id;
+                if (r.params->temperature == 0) {
+                    id = state.sampler->sample(row_);  // greedy: the argmax, q one-hot
+                } else {
+                    state.sampler->distribution(row_, q_);
+                    id = state.sampler->draw(q_);
+                    r.q.insert(r.q.end(), q_.begin(), q_.end());
+                }
+                r.draft.push_back(id);
+                if (static_cast<int>(r.draft.size()) < limit[active[row]]) {  // feed it back for the next guess
+                    state.tokens.push_back(id);
+                    batch_.add(id, static_cast<int>(state.tokens.size()) - 1, r.sequence, true);
+                    next.push_back(active[row]);
+                }
+            }
+            active = std::move(next);
+        }
+    }
+
+    void forget(int sequence) override {
+        cache_.release(sequence);
+        states_.erase(sequence);
+    }
+
+private:
+    struct State {
+        std::vector<int> tokens;  // what the draft's cache was fed for this sequence
+        int computed = 0;         // tokens[0, computed) have K/V in the draft's cache
+        std::optional<Sampler> sampler;
+    };
+
+    // Blocks for n_tokens positions of `sequence`. A full pool first drops sequences not drafting this step (preempted
+    // ones recompute); still full, this sequence drafts nothing this step: an expected outcome, not an error.
+    bool room_for(int sequence, int n_tokens, std::span<const DraftRequest> requests) {
+        if (cache_.reserve(sequence, n_tokens)) return true;
+        for (auto it = states_.begin(); it != states_.end();) {
+            bool drafting = std::any_of(requests.begin(), requests.end(), [&](const DraftRequest& r) { return r.sequence == it->first; });
+            if (drafting) {
+                ++it;
+                continue;
+            }
+            cache_.release(it->first);
+            it = states_.erase(it);
+        }
+        return cache_.reserve(sequence, n_tokens);
+    }
+
+    const Model& model_;
+    ForwardPass forward_;
+    KVCache cache_;
+    std::unordered_map<int, State> states_;
+    Batch batch_;
+    std::vector<float> row_, q_;  // [V] scratch: a row of logits, a row of q
+};
+
+// The settings of speculative decoding. `draft_model` is shared, so engines serving side by side draft with one copy;
+// `proposer`, when set, replaces the built-in ones (tests plug in their own) and belongs to one engine.
+struct SpecConfig {
+    SpecMethod method = SpecMethod::None;
+    int k = 4;      // ids drafted per sequence per step
+    int ngram = 3;  // prompt lookup: the longest suffix matched
+    std::shared_ptr<const Model> draft_model;
+    std::shared_ptr<Proposer> proposer;
+    bool enabled() const { return method != SpecMethod::None || proposer != nullptr; }
+};
+
+// The verification of one drafted id against the target's logits (`logits` [V], edited in place). Returns the id to
+// emit: `drafted` when kept, otherwise a replacement drawn from the residual max(0, p − q). q is the distribution
+// `drafted` came from ([V]; empty: one-hot on it). The sampler's penalties, temperature and truncation shape p, and its
+// generator makes the decision, so a seeded request repeats itself.
+inline int verify_draft_token(Sampler& sampler, std::span<float> logits, int drafted, std::span<const float> q,
+                              std::vector<float>& p) {
+    sampler.distribution(logits, p);
+    const double q_drafted = q.empty() ? 1.0 : q[static_cast<size_t>(drafted)];
+    if (sampler.uniform() * q_drafted < p[static_cast<size_t>(drafted)]) return drafted;  // kept: min(1, p/q)
+    double residual_mass = 0;  // p − q, negatives clipped: the mass q under-proposed
+    for (size_t i = 0; i < p.size(); ++i) {
+        const double qi = q.empty() ? (static_cast<int>(i) == drafted ? 1.0 : 0.0) : q[i];
+        p[i] = static_cast<float>(std::max(0.0, p[i] - qi));
+        residual_mass += p[i];
+    }
+    // p ≤ q everywhere means p = q, where rejection has probability 0: only rounding gets here, and keeping is right.
+    return residual_mass > 0 ? sampler.draw(p) : drafted;
+}
 
 // ---- Engine ---------------------------------------------------------------------------------------------------------
 // add_request() queues a request; each step() asks the scheduler for a batch, runs one forward pass over it, samples
@@ -3128,6 +3426,7 @@ struct EngineConfig {
     bool prefix_caching = true;    // off: every prompt is prefilled in full (chapter 05 measures the difference)
     Device device = Device::Cpu;   // where the forward pass runs (section 07); the rest of the engine is the same
     CudaOptions cuda;              // with Device::Cuda
+    SpecConfig spec;               // speculative decoding: off unless a method (or a proposer) is set
 };
 
 // What one step did to one request: the ids it produced, the text they completed, and whether it finished.
@@ -3168,19 +3467,24 @@ struct RequestResult {
     uint64_t seed = 0;           // the sampler's seed: given, or drawn and reported so the run can be repeated
     int cached_tokens = 0;       // prompt tokens found in the prefix cache at the last admission
     int preemptions = 0;
+    int draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: ids proposed, and kept by verification
+    int draft_steps = 0;                        // steps that verified a draft (tokens per such step: chapter 06)
     RequestTimes times;
 };
 
 // What one step cost and what the pool looked like after it.
 struct StepStats {
     double start = 0, schedule = 0, forward = 0, sample = 0, detokenize = 0;  // start: seconds since the engine began
+    double draft = 0;  // the proposer's share of `schedule`
     int prefill_tokens = 0, decode_tokens = 0, sequences = 0, preemptions = 0, prefix_hit_tokens = 0;
+    int draft_tokens = 0, accepted_tokens = 0;  // speculative ids verified in this step, and kept
     int blocks_used = 0, blocks_free = 0, blocks_cached = 0;
 };
 
 // Totals over the engine's life, for a summary line.
 struct EngineTotals {
     int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0, prompt_tokens = 0, prefix_hit_tokens = 0;
+    int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding (vLLM's spec_decode_num_*_tokens)
 };
 
 class Engine {
@@ -3197,6 +3501,7 @@ public:
         stop_ids_ = model.config.eos_ids;
         if (tokenizer_) stop_ids_.insert(stop_ids_.end(), tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end());
         logits_.resize(static_cast<size_t>(model.config.vocab_size));
+        proposer_ = make_proposer(config.spec, pool);
     }
 
     const KVCache& cache() const { return cache_; }
@@ -3254,7 +3559,9 @@ public:
         Stopwatch clock;
         finish_waiting(events);  // cancelled requests, and ones refused by add_request, end before anything runs
 
-        // Schedule: which tokens of which sequences go into this forward pass (and who is preempted to make room).
+        // Schedule: which tokens of which sequences go into this forward pass (and who is preempted to make room),
+        // after the proposer, if any, has appended its guesses to the sequences about to decode.
+        propose(stats);
         SchedulePlan plan = scheduler_.schedule(cache_);
         fill_batch(plan, stats.start);
         stats.schedule = clock.seconds();
@@ -3303,6 +3610,7 @@ private:
         std::vector<std::string> stop;
         std::optional<Sampler> sampler;     // empty for a request refused at add_request
         std::optional<TextStream> stream;   // empty without a tokenizer: ids only
+        std::vector<float> draft_q;         // [seq.draft, V] the proposer's q for the guesses; empty: one-hot
         std::string text;    // all text streamed so far (may end in held-back text)
         size_t emitted = 0;  // bytes of `text` already sent in events
         RequestTimes times;
@@ -3329,13 +3637,16 @@ private:
             if (r.times.first_scheduled < 0) r.times.first_scheduled = step_start;
             for (int i = 0; i < chunk.count; ++i) {
                 int position = chunk.start + i;
-                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, chunk.sample && i == chunk.count - 1);
+                // A drafted decode wants a row of logits for the real token and for each guess: k + 1 rows.
+                bool logits = chunk.sample && i >= chunk.count - 1 - chunk.sequence->draft;
+                batch_.add(chunk.sequence->tokens[position], position, chunk.sequence->id, logits);
             }
         }
     }
 
     // After the forward pass: the chunks' tokens are computed (and their full blocks named for prefix caching); each
-    // sequence that sampled gets its next token; every request in the step adds the step to its time breakdown.
+    // sequence that sampled gets its next token (or, after a draft, its verified run); every request in the step adds
+    // the step to its time breakdown.
     void sample_and_emit(const SchedulePlan& plan, std::span<const float> logits, StepStats& stats, std::vector<Event>& events) {
         size_t row = 0;
         std::vector<bool> before_first_token;
@@ -3343,9 +3654,12 @@ private:
             Sequence& s = *chunk.sequence;
             before_first_token.push_back(request_of(&s).times.first_token < 0);
             request_of(&s).in_step = true;
-            s.computed += chunk.count;
-            cache_.commit(s.id, s.tokens, s.computed);
-            if (chunk.sample) sample(request_of(&s), logits.subspan(row++ * logits_.size(), logits_.size()), stats, events);
+            s.computed += chunk.count - s.draft;  // the guesses count as computed only once verified
+            cache_.commit(s.id, std::span<const int>(s.tokens).first(s.tokens.size() - s.draft), s.computed);
+            if (!chunk.sample) continue;
+            const size_t rows = 1 + static_cast<size_t>(s.draft);
+            sample(request_of(&s), logits.subspan(row * logits_.size(), rows * logits_.size()), stats, events);
+            row += rows;
         }
         for (size_t i = 0; i < plan.chunks.size(); ++i) account(request_of(plan.chunks[i].sequence), stats, before_first_token[i]);
     }
@@ -3357,6 +3671,7 @@ private:
         stats.sequences = static_cast<int>(plan.chunks.size());
         stats.preemptions = plan.preemptions;
         stats.prefix_hit_tokens = plan.prefix_hit_tokens;
+        stats.draft_tokens = plan.draft_tokens;
         stats.blocks_used = cache_.used_block_count();
         stats.blocks_free = cache_.free_block_count();
         stats.blocks_cached = cache_.cached_block_count();
@@ -3368,6 +3683,8 @@ private:
         totals_.decode_tokens += plan.decode_tokens;
         totals_.preemptions += plan.preemptions;
         totals_.prefix_hit_tokens += plan.prefix_hit_tokens;
+        totals_.draft_tokens += stats.draft_tokens;
+        totals_.accepted_tokens += stats.accepted_tokens;
     }
 
     static int pool_blocks(const ModelConfig& c, const EngineConfig& config) {
@@ -3430,15 +3747,57 @@ private:
         pending_finish_.push_back({id, reason, std::move(message)});
     }
 
-    void sample(Request& r, std::span<const float> row, StepStats& stats, std::vector<Event>& events) {
-        Stopwatch clock;
-        logits_.assign(row.begin(), row.end());
-        int next = r.sampler->sample(logits_);
+    // The request's next ids from its rows of logits [1 + draft, V]: one row for a plain decode; after a draft of d
+    // guesses, row i follows guess i, and the guesses are verified in order until one is replaced (or row d adds one
+    // more). The rejected guesses leave the sequence and their blocks go back to the pool.
+    void sample(Request& r, std::span<const float> rows, StepStats& stats, std::vector<Event>& events) {
+        Sequence& s = r.seq;
+        const size_t V = logits_.size();
+        const int d = s.draft;
+        drafted_.assign(s.tokens.end() - d, s.tokens.end());
+        s.drop_draft();  // tokens == the verified ids again; each kept guess is appended back below
+        if (d > 0) {
+            ++r.result.draft_steps;
+            r.result.draft_tokens += d;
+        }
+        Event event;
+        event.request_id = s.id;
+        for (int i = 0; i <= d; ++i) {
+            std::span<const float> row = rows.subspan(static_cast<size_t>(i) * V, V);
+            Stopwatch clock;
+            logits_.assign(row.begin(), row.end());
+            int next;
+            if (i == d || r.params.temperature == 0) {
+                next = r.sampler->sample(logits_);  // greedy keeps a guess exactly when it is the argmax
+            } else {
+                std::span<const float> q;
+                if (!r.draft_q.empty()) q = std::span<const float>(r.draft_q).subspan(static_cast<size_t>(i) * V, V);
+                next = verify_draft_token(*r.sampler, logits_, drafted_[i], q, scratch_);
+            }
+            stats.sample += clock.seconds();
+            const bool kept = i < d && next == drafted_[i];
+            if (kept) {
+                ++r.result.accepted_tokens;
+                ++stats.accepted_tokens;
+            }
+            if (!emit(r, next, row, event, stats, events)) return;  // finished: the event went out with it
+            if (!kept) break;
+            ++s.computed;  // a kept guess's K/V were computed from this very id in this step
+        }
+        if (d > 0) {
+            cache_.truncate(s.id, static_cast<int>(s.tokens.size()));  // blocks past the next position held rejects
+            cache_.commit(s.id, s.tokens, s.computed);
+        }
+        events.push_back(std::move(event));
+    }
+
+    // Appends one sampled id to the request: the end (an end id, a stop string, max_tokens, the context) or its text.
+    // Returns false when the request finished (the event, with this step's earlier ids, went out with finish()).
+    bool emit(Request& r, int next, std::span<const float> row, Event& event, StepStats& stats, std::vector<Event>& events) {
         const double t = now();
-        stats.sample += clock.seconds();
         if (!r.params.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), next) != stop_ids_.end()) {
-            finish(r.seq.id, FinishReason::Stop, "", events);
-            return;
+            finish(r.seq.id, FinishReason::Stop, "", events, &event);
+            return false;
         }
         r.sampler->accept(next);
         r.seq.tokens.push_back(next);
@@ -3446,13 +3805,11 @@ private:
         if (r.params.logprobs >= 0) r.result.logprobs.push_back(token_logprob(row, next, r.params.logprobs));
         r.times.token_times.push_back(t);
         if (r.times.first_token < 0) r.times.first_token = t;
-        Event event;
-        event.request_id = r.seq.id;
-        event.token_ids = {next};
-        if (r.params.logprobs >= 0) event.logprobs = {r.result.logprobs.back()};
+        event.token_ids.push_back(next);
+        if (r.params.logprobs >= 0) event.logprobs.push_back(r.result.logprobs.back());
         bool stopped = false;
         if (r.stream) {
-            clock.restart();
+            Stopwatch clock;
             r.text += r.stream->push(next);
             stopped = emit_text(r, event, false);
             stats.detokenize += clock.seconds();
@@ -3461,7 +3818,54 @@ private:
         if (stopped) finish(r.seq.id, FinishReason::Stop, "", events, &event);
         else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
             finish(r.seq.id, FinishReason::Length, "", events, &event);
-        else events.push_back(std::move(event));
+        else return true;
+        return false;
+    }
+
+    // Speculative decoding's first half: each running sequence about to decode asks the proposer for up to k guesses,
+    // which join its tokens (Sequence::draft of them) for the scheduler to place and the forward pass to verify.
+    // Never more than the request may still produce, less the target's own token, nor past the context.
+    void propose(StepStats& stats) {
+        if (!proposer_) return;
+        Stopwatch clock;
+        draft_requests_.clear();
+        for (Sequence* s : scheduler_.running()) {
+            if (s->remaining() != 1) continue;
+            Request& r = request_of(s);
+            const int left = r.params.max_tokens - static_cast<int>(r.result.generated_ids.size()) - 1;
+            const int room = model_.config.context_length - static_cast<int>(s->tokens.size());
+            const int k = std::min({config_.spec.k, left, room});
+            if (k > 0) draft_requests_.push_back({s->id, s->tokens, k, &r.params, r.sampler->seed(), {}, {}});
+        }
+        if (!draft_requests_.empty()) proposer_->propose(draft_requests_);
+        for (DraftRequest& d : draft_requests_) {
+            Request& r = *requests_.at(d.sequence);
+            const size_t count = std::min(d.draft.size(), static_cast<size_t>(d.max_tokens));
+            for (size_t i = 0; i < count; ++i)
+                if (d.draft[i] < 0 || d.draft[i] >= model_.config.vocab_size)
+                    fail("speculative decoding: the proposer drafted id ", d.draft[i], ", outside the vocabulary (",
+                         model_.config.vocab_size, " tokens)");
+            r.seq.tokens.insert(r.seq.tokens.end(), d.draft.begin(), d.draft.begin() + static_cast<std::ptrdiff_t>(count));
+            r.seq.draft = static_cast<int>(count);
+            r.draft_q = std::move(d.q);
+            if (!r.draft_q.empty() && r.draft_q.size() < count * logits_.size())
+                fail("speculative decoding: the proposer gave q for ", r.draft_q.size() / logits_.size(), " of its ", count, " ids");
+        }
+        stats.draft = clock.seconds();
+    }
+
+    // The proposer the configuration asks for (nullptr: none), after checking the configuration.
+    std::shared_ptr<Proposer> make_proposer(const SpecConfig& spec, ThreadPool& pool) const {
+        if (!spec.enabled()) return nullptr;
+        if (spec.k < 1 || spec.k > 64) fail("speculative decoding: k (ids drafted per step) must be in 1..64, found ", spec.k);
+        if (spec.proposer) return spec.proposer;
+        if (spec.method == SpecMethod::Ngram) return std::make_shared<NgramProposer>(spec.ngram);
+        if (!spec.draft_model) fail("speculative decoding with a draft model needs one (--draft-model PATH)");
+        const Model& draft = *spec.draft_model;
+        if (draft.config.vocab_size != model_.config.vocab_size)
+            fail("speculative decoding: the draft model ", draft.source, " has a vocabulary of ", draft.config.vocab_size,
+                 " tokens, the target ", model_.source, " one of ", model_.config.vocab_size, ": they must share it");
+        return std::make_shared<DraftModelProposer>(draft, pool, cache_.num_blocks(), cache_.block_size());
     }
 
     // Moves newly streamed text into the event. A stop string found ends the text before it (returns true); a tail
@@ -3516,6 +3920,7 @@ private:
         }
         scheduler_.remove(&r.seq);
         cache_.release(id);
+        if (proposer_) proposer_->forget(id);
         r.result.id = id;
         r.result.prompt_ids.assign(r.seq.tokens.begin(), r.seq.tokens.begin() + r.seq.prompt_length);
         r.result.text = r.text;
@@ -3542,6 +3947,10 @@ private:
     std::vector<std::tuple<int, FinishReason, std::string>> pending_finish_;
     Batch batch_;
     std::vector<float> logits_;  // [V] the row being sampled (the sampler edits it)
+    std::shared_ptr<Proposer> proposer_;       // speculative decoding's, or none
+    std::vector<DraftRequest> draft_requests_;  // this step's requests to the proposer
+    std::vector<int> drafted_;                  // [draft] the guesses being verified
+    std::vector<float> scratch_;                // [V] p, then the residual, during verification
     std::vector<StepStats> steps_;  // one per step that ran: the Chrome trace and chapter 06 read them
     EngineTotals totals_;
     Stopwatch clock_;               // every time in RequestTimes and StepStats counts from here
@@ -3656,7 +4065,7 @@ private:
 };
 
 // Chrome's trace-event format (chrome://tracing, ui.perfetto.dev): one track for the engine's steps (each an "X"
-// event with its token counts), one per request (queued, prefill until the first token, decode until it finished,
+// event with its token counts, and its speculative ones when it verified drafts), one per request (queued, prefill until the first token, decode until it finished,
 // and an instant mark at each sampled token).
 inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> steps, std::span<const RequestResult> requests) {
     auto us = [](double seconds) { return static_cast<long long>(seconds * 1e6); };
@@ -3670,7 +4079,11 @@ inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> ste
             << ",\"decode_tokens\":" << s.decode_tokens << ",\"sequences\":" << s.sequences
             << ",\"preemptions\":" << s.preemptions << ",\"prefix_hit_tokens\":" << s.prefix_hit_tokens
             << ",\"blocks_used\":" << s.blocks_used << ",\"blocks_free\":" << s.blocks_free
-            << ",\"blocks_cached\":" << s.blocks_cached << ",\"forward_ms\":" << s.forward * 1e3 << "}}";
+            << ",\"blocks_cached\":" << s.blocks_cached << ",\"forward_ms\":" << s.forward * 1e3;
+        if (s.draft_tokens > 0)  // speculative decoding: guesses verified, kept, and the proposer's time
+            out << ",\"draft_tokens\":" << s.draft_tokens << ",\"accepted_tokens\":" << s.accepted_tokens
+                << ",\"draft_ms\":" << s.draft * 1e3;
+        out << "}}";
     }
     for (const RequestResult& r : requests) {
         const RequestTimes& t = r.times;
@@ -3681,6 +4094,7 @@ inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> ste
             out << ",\n{\"name\":\"" << name << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << us(from)
                 << ",\"dur\":" << std::max(1LL, us(to) - us(from)) << ",\"args\":{\"prompt_tokens\":" << r.prompt_ids.size()
                 << ",\"generated_tokens\":" << r.generated_ids.size() << ",\"cached_tokens\":" << r.cached_tokens
+                << ",\"draft_tokens\":" << r.draft_tokens << ",\"accepted_tokens\":" << r.accepted_tokens
                 << ",\"finish_reason\":\"" << finish_reason_name(r.finish_reason) << "\"}}";
         };
         const double scheduled = t.first_scheduled >= 0 ? t.first_scheduled : t.finished;

@@ -940,3 +940,20 @@ TEST_CASE("nginx least_conn in front of two infer serve processes (when nginx is
     CHECK(on_b >= 1);
     proxy.stop(SIGQUIT);
 }
+
+TEST_CASE("infer serve --spec ngram: the same text as without, and /metrics counts the guesses drafted and kept") {
+    Server server({"--spec", "ngram", "--spec-k", "4"});
+    const int port = server.port();
+    const std::string expected = engine_text("Once upon a time", 48);
+    auto plain = post(port, "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0})");
+    REQUIRE(plain);
+    REQUIRE(plain->status == 200);
+    CHECK(json::parse(plain->body)["choices"][0]["text"] == expected);
+    auto samples = metrics(port);
+    const double drafted = metric(samples, "infer:spec_decode_num_draft_tokens_total{instance=\"0\"}");
+    const double accepted = metric(samples, "infer:spec_decode_num_accepted_tokens_total{instance=\"0\"}");
+    CHECK(drafted > 0);  // the demo model's greedy output repeats itself: lookup finds something to guess
+    CHECK(accepted <= drafted);
+    CHECK(samples.count("infer:spec_decode_num_accepted_tokens_total{instance=\"0\"}") == 1);
+    CHECK(server.stop() == 0);
+}

@@ -7,6 +7,7 @@
 //                     [--slo ttft:MS,tpot:MS,e2e:MS] [--json FILE] [--svg DIR] [--model NAME] [--tokenizer PATH]
 //                     [--vocab-size V] [--endpoint PATH] [--timeout S] [--no-progress]
 //   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--svg DIR]
+//                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
 //   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context C] [--repeats N]
 //                        [--bandwidth-mib M] [-t N] [--svg DIR]
 //
@@ -56,7 +57,9 @@ const char* bench_usage = R"(usage:
       --timeout S         per-request read timeout in seconds (default 600)
       --no-progress       no progress bar on stderr
   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--seed S] [--svg DIR]
-                                            the engine in process: throughput and latency per configuration
+                     [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
+                                            the engine in process: throughput and latency per configuration;
+                                            with --spec also the share of guesses kept and tokens per verifying step
   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context 32] [--repeats 3]
                        [--bandwidth-mib 256] [-t N] [--svg DIR]
                                             memory bandwidth and peak FLOP/s of this machine, and where prefill
@@ -87,27 +90,36 @@ int run_engine_bench(const CommandLine& options) {
     std::vector<int> outputs = bench::parse_int_list("--output-len", options.text("--output-len", "128"));
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
     infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
+    const infer::SpecConfig spec = spec_config(options);
     infer::ThreadPool pool(threads_option(options));
     for (int i : inputs)
         for (int o : outputs)
             if (i + o > model.config.context_length)
                 infer::fail("--input-len ", i, " + --output-len ", o, " exceed the model's context of ",
                                     model.config.context_length, " tokens");
-    std::printf("engine benchmark: %s, %d threads, greedy, ignore_eos, all requests added at once\n\n",
-                model.source.c_str(), pool.size());
-    std::printf("| batch | input | output | seconds | output tok/s | total tok/s | TTFT mean ms | TTFT p99 ms "
-                "| TPOT mean ms | TPOT p99 ms | ITL p99 ms | E2E mean ms |\n"
+    std::printf("engine benchmark: %s, %d threads, greedy, ignore_eos, all requests added at once", model.source.c_str(), pool.size());
+    if (spec.enabled())
+        std::printf(", speculative %s k %d%s", infer::spec_method_name(spec.method), spec.k,
+                    spec.draft_model ? (" (draft " + spec.draft_model->source + ")").c_str() : "");
+    std::printf("\n\n| batch | input | output | seconds | output tok/s | total tok/s | TTFT mean ms | TTFT p99 ms "
+                "| TPOT mean ms | TPOT p99 ms | ITL p99 ms | E2E mean ms |%s\n"
                 "|------:|------:|-------:|--------:|-------------:|------------:|-------------:|------------:"
-                "|-------------:|------------:|-----------:|------------:|\n");
-    bench::run_engine(model, pool, 1, std::min(inputs[0], 8), 2, seed);  // pages the weights in
+                "|-------------:|------------:|-----------:|------------:|%s\n",
+                spec.enabled() ? " accepted | tokens/step |" : "", spec.enabled() ? "---------:|------------:|" : "");
+    bench::run_engine(model, pool, 1, std::min(inputs[0], 8), 2, seed, 512, spec);  // pages the weights in
     for (int i : inputs)
         for (int o : outputs)
             for (int b : batches) {
-                bench::EngineRun run = bench::run_engine(model, pool, b, i, o, seed);
+                bench::EngineRun run = bench::run_engine(model, pool, b, i, o, seed, 512, spec);
                 bench::Metrics m = bench::compute_metrics(run.records, run.seconds);
-                std::printf("| %5d | %5d | %6d | %7.3f | %12.1f | %11.1f | %12.2f | %11.2f | %12.3f | %11.3f | %10.3f | %11.2f |\n",
+                std::printf("| %5d | %5d | %6d | %7.3f | %12.1f | %11.1f | %12.2f | %11.2f | %12.3f | %11.3f | %10.3f | %11.2f |",
                             b, i, o, run.seconds, m.output_throughput, m.total_token_throughput, m.ttft_ms.mean,
                             m.ttft_ms.p99, m.tpot_ms.mean, m.tpot_ms.p99, m.itl_ms.p99, m.e2el_ms.mean);
+                if (spec.enabled())  // the share of guesses kept, and tokens per step that verified a draft
+                    std::printf(" %7.1f%% | %11.2f |",
+                                run.draft_tokens > 0 ? 100.0 * static_cast<double>(run.accepted_tokens) / static_cast<double>(run.draft_tokens) : 0.0,
+                                run.draft_steps > 0 ? static_cast<double>(run.accepted_tokens + run.draft_steps) / static_cast<double>(run.draft_steps) : 0.0);
+                std::printf("\n");
                 std::fflush(stdout);
                 if (options.has("--svg")) {
                     make_folder(options.text("--svg"));
@@ -563,7 +575,8 @@ int run_bench(int argc, char** argv) {
             {"--no-progress"}, bench_usage));
     if (what == "engine")
         return run_engine_bench(CommandLine(argc, argv, 3,
-            {"-m", "--tokenizer", "--batch", "--input-len", "--output-len", "-t", "--seed", "--svg"}, {}, bench_usage));
+            {"-m", "--tokenizer", "--batch", "--input-len", "--output-len", "-t", "--seed", "--svg", "--spec", "--draft-model",
+             "--spec-k", "--spec-ngram"}, {}, bench_usage));
     if (what == "roofline")
         return run_roofline_bench(CommandLine(argc, argv, 3,
             {"-m", "--tokenizer", "--prefill", "--decode-batch", "--context", "--repeats", "--bandwidth-mib", "-t", "--svg"},

@@ -861,20 +861,23 @@ inline Chart roofline_chart(const Roofline& roof, const std::string& title) {
 // The engine benchmark: in process, no HTTP
 // =====================================================================================================================
 // B requests of I prompt tokens and O output tokens (ignore_eos, greedy) added at once to an Engine, stepped to the
-// end. Latencies come from the engine's own clock (RequestTimes), so they hold only the engine's layers.
+// end. Latencies come from the engine's own clock (RequestTimes), so they hold only the engine's layers. With
+// speculative decoding the run also counts the guesses drafted and kept.
 
 struct EngineRun {
     int batch = 0, input_len = 0, output_len = 0;
     double seconds = 0;
     std::vector<RequestRecord> records;  // start 0, times from the engine
     std::vector<infer::StepStats> steps;
+    int64_t draft_tokens = 0, accepted_tokens = 0, draft_steps = 0;  // speculative decoding, over all requests
     double output_throughput() const { return batch * static_cast<double>(output_len) / seconds; }
     double total_throughput() const { return batch * static_cast<double>(input_len + output_len) / seconds; }
 };
 
 inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, int batch, int input_len, int output_len,
-                            uint64_t seed = 0, int max_batch_tokens = 512) {
+                            uint64_t seed = 0, int max_batch_tokens = 512, const infer::SpecConfig& spec = {}) {
     infer::EngineConfig config;
+    config.spec = spec;
     config.scheduler.max_seqs = std::max(batch, 1);
     config.scheduler.max_batch_tokens = std::max(max_batch_tokens, batch);
     config.num_blocks = batch * ((input_len + output_len + 15) / 16) + 1;
@@ -903,6 +906,9 @@ inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, 
         r.prompt_tokens = static_cast<int>(result.prompt_ids.size());
         r.output_tokens = static_cast<int>(result.generated_ids.size());
         run.records.push_back(std::move(r));
+        run.draft_tokens += result.draft_tokens;
+        run.accepted_tokens += result.accepted_tokens;
+        run.draft_steps += result.draft_steps;
     }
     return run;
 }

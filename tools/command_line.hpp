@@ -115,8 +115,29 @@ inline void apply_context_option(infer::Model& model, const CommandLine& options
     model.config.context_length = static_cast<int>(context);
 }
 
+// Speculative decoding's options, shared by generate, run-batch, serve and bench engine: --spec ngram|draft|none,
+// --draft-model PATH (loaded here once; every engine built from the config shares it), --spec-k K (ids drafted per
+// step, default 4) and --spec-ngram N (prompt lookup's longest suffix, default 3). --draft-model alone means draft.
+inline infer::SpecConfig spec_config(const CommandLine& options) {
+    infer::SpecConfig spec;
+    spec.method = infer::parse_spec_method(options.text("--spec", options.has("--draft-model") ? "draft" : "none"));
+    spec.k = static_cast<int>(options.integer("--spec-k", spec.k, 1, 64));
+    spec.ngram = static_cast<int>(options.integer("--spec-ngram", spec.ngram, 1, 64));
+    if (spec.method == infer::SpecMethod::None)
+        for (const char* option : {"--spec-k", "--spec-ngram"})
+            if (options.has(option)) infer::fail("option ", option, " needs --spec ngram or --spec draft");
+    if (spec.method == infer::SpecMethod::Draft) {
+        if (!options.has("--draft-model")) infer::fail("--spec draft needs a draft model: --draft-model PATH");
+        spec.draft_model = std::make_shared<infer::Model>(infer::load_model(options.text("--draft-model")));
+    } else if (options.has("--draft-model")) {
+        infer::fail("option --draft-model is for --spec draft, not --spec ", infer::spec_method_name(spec.method));
+    }
+    return spec;
+}
+
 // The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
-// --kv-memory, --no-prefix-cache and --device (a program that does not list an option simply gets its default).
+// --kv-memory, --no-prefix-cache, --device and the --spec options (a program that does not list an option simply gets
+// its default).
 inline infer::EngineConfig engine_config(const CommandLine& options) {
     infer::EngineConfig config;
     const std::string policy = options.text("--policy", "continuous");
@@ -129,5 +150,6 @@ inline infer::EngineConfig engine_config(const CommandLine& options) {
     config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
     config.prefix_caching = !options.has("--no-prefix-cache");
     config.device = infer::parse_device(options.text("--device", "cpu"));
+    config.spec = spec_config(options);
     return config;
 }

@@ -3,6 +3,7 @@
 //   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
 //                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
+//                  [--spec ngram|draft [--draft-model PATH] [--spec-k K] [--spec-ngram N]]
 //   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS]
 //   infer tokenize -m PATH [--special]          JSON lines {"text": ...} on stdin → {"ids": [...]}
 //   infer detokenize -m PATH                    JSON lines {"ids": [...]} on stdin → {"text": ...}
@@ -12,7 +13,7 @@
 //   infer chat -m PATH [--chat-template FILE_OR_NAME] [sampling options as generate]
 //   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
 //                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
-//                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS]
+//                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--spec ... as generate]
 //                                               OpenAI Batch lines (/v1/completions, /v1/chat/completions) through
 //                                               the engine (continuous batching) → OpenAI Batch output lines
 //   infer serve [-m PATH] [--port 8080] [--instances N] [--route POLICY] ...   OpenAI-compatible HTTP (serve.cpp)
@@ -49,6 +50,7 @@ const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
                  [-t THREADS] [-c CONTEXT] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
+                 [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
   infer detokenize -m PATH                      stdin {"ids": [...]} lines -> {"text": ...} lines
@@ -59,6 +61,7 @@ const char* usage_text = R"(usage:
   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda] [--no-mmap]
+                  [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
   infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
               [--max-queue N] [--api-key KEY] [--served-model-name NAME] [engine options as run-batch]
                                                 OpenAI-compatible HTTP server (infer serve --help for all options)
@@ -66,7 +69,8 @@ const char* usage_text = R"(usage:
                                                 the router as a proxy in front of several infer serve processes
   infer bench serve --url URL [--rate R|inf|R1,R2,..] [--concurrency C] [--num-prompts N] [--slo ttft:MS,tpot:MS]
                     [--json FILE] [--svg DIR] ...   load generator, serving metrics as vLLM's (infer bench --help)
-  infer bench engine -m PATH [--batch 1,4,16] [--input-len I] [--output-len O]     the engine in process, no HTTP
+  infer bench engine -m PATH [--batch 1,4,16] [--input-len I] [--output-len O] [--spec ...]
+                                                the engine in process, no HTTP
   infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
@@ -82,6 +86,9 @@ const char* usage_text = R"(usage:
   tokenize/detokenize/render-chat take a model (folder, .gguf, .bin) or just its tokenizer: a folder holding
   tokenizer.json (+ tokenizer_config.json), a tokenizer.json, a .gguf or a llama2.c tokenizer.bin.
   --chat-template: a file, or a built-in name: chatml, llama3, llama2.
+  --spec    speculative decoding, exact: ngram guesses the --spec-k (default 4) ids that followed the last
+            --spec-ngram (default 3, then fewer) ids where they occurred before; draft has a smaller model with the
+            same vocabulary (--draft-model PATH) guess them. The target verifies all of them in one step.
 
   Options also answer to llama.cpp's spellings: --model, --prompt, --file, --threads, --n-predict, --ctx-size,
   -s (--seed), --repeat-penalty, --temperature, -sys (--system). infer --version prints the version.
@@ -157,12 +164,15 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     return params;
 }
 
-// generate --device cuda: the same request through an Engine whose forward pass runs on the GPU (generate_from_ids
-// holds a CPU ForwardPass; the Engine takes the device choice). Times: prefill is the first step, decode the rest.
-infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
-                                         const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream) {
+// generate --device cuda or --spec: the same request through an Engine, whose forward pass runs on the chosen device
+// and which verifies drafted tokens (generate_from_ids holds a CPU ForwardPass and decodes one token per step). Times:
+// prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
+infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
+                                             const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
+                                             infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out) {
     infer::EngineConfig config;
-    config.device = infer::Device::Cuda;
+    config.device = device;
+    config.spec = spec;
     config.scheduler.max_seqs = 1;
     config.num_blocks = (model.config.context_length + config.block_size - 1) / config.block_size;
     infer::Engine engine(model, pool, config);
@@ -187,12 +197,13 @@ infer::GenerationResult generate_on_cuda(const infer::Model& model, infer::Threa
         first = false;
     }
     std::optional<infer::RequestResult> done = engine.take_result(id);
-    if (!done) infer::fail("generate --device cuda: the request did not finish");
+    if (!done) infer::fail("generate: the request did not finish");
     result.prompt_ids = done->prompt_ids;
     result.generated_ids = done->generated_ids;
     result.text = done->text;
     result.finish_reason = done->finish_reason;
     result.seed = done->seed;
+    result_out = std::move(*done);
     return result;
 }
 
@@ -217,8 +228,11 @@ int run_generate(const CommandLine& options) {
         if (!ids_only) std::cout << text << std::flush;
     };
     infer::GenerationResult result;
-    if (infer::parse_device(options.text("--device", "cpu")) == infer::Device::Cuda) {
-        result = generate_on_cuda(model, pool, options, params, stream);
+    infer::RequestResult engine_result;  // the engine's record, when the engine ran the request
+    const infer::Device device = infer::parse_device(options.text("--device", "cpu"));
+    const infer::SpecConfig spec = spec_config(options);
+    if (device == infer::Device::Cuda || spec.enabled()) {
+        result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result);
     } else if (options.has("--prompt-ids")) {
         result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream);
     } else {
@@ -260,6 +274,13 @@ int run_generate(const CommandLine& options) {
                  static_cast<unsigned long long>(result.seed), per_second(static_cast<double>(result.prompt_ids.size()), t.prefill),
                  per_second(static_cast<double>(decode_steps), t.decode), load_times.load * 1e3, t.tokenize * 1e3,
                  t.prefill * 1e3, t.decode * 1e3, t.sample * 1e3, t.detokenize * 1e3);
+    if (spec.enabled()) {
+        const infer::RequestResult& r = engine_result;
+        std::fprintf(stderr, "speculative (%s, k %d): %d drafted, %d accepted (%.1f%%), %.2f tokens per verifying step (%d steps)\n",
+                     infer::spec_method_name(spec.method), spec.k, r.draft_tokens, r.accepted_tokens,
+                     r.draft_tokens > 0 ? 100.0 * r.accepted_tokens / r.draft_tokens : 0.0,
+                     r.draft_steps > 0 ? static_cast<double>(r.accepted_tokens + r.draft_steps) / r.draft_steps : 0.0, r.draft_steps);
+    }
     return 0;
 }
 
@@ -597,6 +618,10 @@ int run_batch(const CommandLine& options) {
                  static_cast<long long>(t.steps), static_cast<long long>(t.preemptions),
                  static_cast<long long>(t.prefix_hit_tokens), static_cast<long long>(t.prompt_tokens),
                  t.prompt_tokens > 0 ? 100.0 * static_cast<double>(t.prefix_hit_tokens) / static_cast<double>(t.prompt_tokens) : 0.0);
+    if (config.spec.enabled())
+        std::fprintf(stderr, "speculative (%s, k %d): %lld drafted, %lld accepted (%.1f%%)\n", infer::spec_method_name(config.spec.method),
+                     config.spec.k, static_cast<long long>(t.draft_tokens), static_cast<long long>(t.accepted_tokens),
+                     t.draft_tokens > 0 ? 100.0 * static_cast<double>(t.accepted_tokens) / static_cast<double>(t.draft_tokens) : 0.0);
     return 0;
 }
 
@@ -646,7 +671,8 @@ int run_command(int argc, char** argv) {
             return run_generate(CommandLine(argc, argv, 2,
                                         {"-m", "-p", "-f", "-n", "-c", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-                                         "--tokenizer", "--prompt-ids", "--device"},
+                                         "--tokenizer", "--prompt-ids", "--device", "--spec", "--draft-model", "--spec-k",
+                                         "--spec-ngram"},
                                         {"--ignore-eos", "--ids", "--no-mmap"}, usage_text));
         if (command == "tokenize")
             return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
@@ -666,7 +692,7 @@ int run_command(int argc, char** argv) {
             return run_batch(CommandLine(argc, argv, 2,
                                          {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
                                           "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template",
-                                          "--device", "-c"},
+                                          "--device", "-c", "--spec", "--draft-model", "--spec-k", "--spec-ngram"},
                                          {"--no-prefix-cache", "--no-mmap"}, usage_text));
         if (command == "serve" || command == "route") {
 #ifdef INFER_SERVE

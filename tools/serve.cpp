@@ -25,7 +25,7 @@ const char* serve_usage = R"(usage:
               [--max-queue N] [--max-queue-tokens N] [--api-key KEY] [--served-model-name NAME] [--max-body BYTES]
               [--chat-template FILE_OR_NAME] [--tokenizer FILE] [-t THREADS] [--http-threads N] [--backlog N]
               [--max-batch-tokens N] [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B]
-              [--no-prefix-cache] [--no-mmap]
+              [--no-prefix-cache] [--no-mmap] [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
 
   OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models;
   GET /health (200 ready, 503 loading or draining), GET /metrics (Prometheus text).
@@ -527,6 +527,8 @@ private:
                     gauges["infer:prefix_cache_hit_ratio"][label] =
                         totals.prompt_tokens > 0 ? static_cast<double>(totals.prefix_hit_tokens) / static_cast<double>(totals.prompt_tokens) : 0;
                     gauges["infer:num_preemptions_total"][label] = static_cast<double>(totals.preemptions);
+                    gauges["infer:spec_decode_num_draft_tokens_total"][label] = static_cast<double>(totals.draft_tokens);
+                    gauges["infer:spec_decode_num_accepted_tokens_total"][label] = static_cast<double>(totals.accepted_tokens);
                     return 0;
                 });
                 gauges["infer:outstanding_tokens"][label] = static_cast<double>(instances_[i]->outstanding_tokens.load());
@@ -562,7 +564,8 @@ int run_serve(int argc, char** argv) {
     CommandLine options(argc, argv, 2,
                         {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",
                          "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads", "--backlog",
-                         "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size", "-c"},
+                         "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size", "-c", "--spec",
+                         "--draft-model", "--spec-k", "--spec-ngram"},
                         {"--no-prefix-cache", "--no-mmap"}, serve::serve_usage);
     serve::Server server(options);
     return server.run();

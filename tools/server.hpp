@@ -511,6 +511,8 @@ public:
             {"infer:prefix_cache_hits_total", "Prompt tokens found in the prefix cache, per instance."},
             {"infer:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache, per instance."},
             {"infer:num_preemptions_total", "Sequences preempted for KV room, per instance."},
+            {"infer:spec_decode_num_draft_tokens_total", "Speculative tokens proposed and verified, per instance."},
+            {"infer:spec_decode_num_accepted_tokens_total", "Speculative tokens the target kept, per instance."},
             {"infer:instance_requests_total", "Requests the router sent to each instance."},
             {"infer:outstanding_tokens", "Prompt plus max_tokens of the requests in flight, per instance."},
             {"infer:upstream_healthy", "1 while an upstream passes its health checks, 0 while ejected."},
