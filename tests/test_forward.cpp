@@ -4,17 +4,7 @@
 
 namespace {
 
-// Logits of every position after feeding `ids` from position 0 in one prefill.
-std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids, int threads = 2) {
-    infer::ThreadPool pool(threads);
-    infer::KVCache cache(model.config, static_cast<int>(ids.size() + 15) / 16, 16);
-    REQUIRE(cache.reserve(0, static_cast<int>(ids.size())));
-    infer::Batch batch;
-    for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);
-    infer::ForwardPass forward(model, pool);
-    std::span<const float> logits = forward.forward(batch, cache);
-    return {logits.begin(), logits.end()};
-}
+using test::prefill_logits;
 
 struct Comparison {
     double max_abs_diff = 0;

@@ -11,16 +11,7 @@ namespace {
 
 const char* quantized_types[] = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"};
 
-std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids) {
-    infer::ThreadPool pool(2);
-    infer::KVCache cache(model.config, static_cast<int>(ids.size() + 15) / 16, 16);
-    REQUIRE(cache.reserve(0, static_cast<int>(ids.size())));
-    infer::Batch batch;
-    for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);
-    infer::ForwardPass forward(model, pool);
-    std::span<const float> logits = forward.forward(batch, cache);
-    return {logits.begin(), logits.end()};
-}
+using test::prefill_logits;
 
 struct Difference {
     double max_abs = 0, rms = 0;
