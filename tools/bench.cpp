@@ -85,9 +85,9 @@ std::string rate_text(double rate) {
 
 int run_engine_bench(const CommandLine& options) {
     if (!options.has("-m")) infer::fail("infer bench engine needs -m PATH");
-    std::vector<int> batches = bench::parse_int_list("--batch", options.text("--batch", "1,4,16"));
-    std::vector<int> inputs = bench::parse_int_list("--input-len", options.text("--input-len", "128"));
-    std::vector<int> outputs = bench::parse_int_list("--output-len", options.text("--output-len", "128"));
+    std::vector<int> batches = parse_int_list("--batch", options.text("--batch", "1,4,16"));
+    std::vector<int> inputs = parse_int_list("--input-len", options.text("--input-len", "128"));
+    std::vector<int> outputs = parse_int_list("--output-len", options.text("--output-len", "128"));
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
     infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
     const infer::SpecConfig spec = spec_config(options);
@@ -139,8 +139,8 @@ int run_engine_bench(const CommandLine& options) {
 int run_roofline_bench(const CommandLine& options) {
     if (!options.has("-m")) infer::fail("infer bench roofline needs -m PATH");
     bench::RooflineOptions ro;
-    if (options.has("--prefill")) ro.prefill_tokens = bench::parse_int_list("--prefill", options.text("--prefill"));
-    if (options.has("--decode-batch")) ro.decode_batches = bench::parse_int_list("--decode-batch", options.text("--decode-batch"));
+    if (options.has("--prefill")) ro.prefill_tokens = parse_int_list("--prefill", options.text("--prefill"));
+    if (options.has("--decode-batch")) ro.decode_batches = parse_int_list("--decode-batch", options.text("--decode-batch"));
     ro.decode_context = static_cast<int>(options.integer("--context", ro.decode_context, 0, 1 << 20));
     ro.repeats = static_cast<int>(options.integer("--repeats", ro.repeats, 1, 1000));
     ro.bandwidth_bytes = static_cast<size_t>(options.integer("--bandwidth-mib", 256, 16, 1 << 20)) << 20;

@@ -929,18 +929,4 @@ inline Chart step_timeline_chart(const std::vector<infer::StepStats>& steps, con
     return chart;
 }
 
-// A comma list of positive integers ("1,4,16"), each error naming the option.
-inline std::vector<int> parse_int_list(const std::string& option, const std::string& text) {
-    std::vector<int> values;
-    std::stringstream in(text);
-    std::string item;
-    while (std::getline(in, item, ',')) {
-        double v = parse_finite(option, item, "a positive integer");
-        if (v < 1 || v != std::floor(v) || v > 1e7) infer::fail("option ", option, ": \"", item, "\" is not a positive integer");
-        values.push_back(static_cast<int>(v));
-    }
-    if (values.empty()) infer::fail("option ", option, ": empty; expected e.g. 1,4,16");
-    return values;
-}
-
 }  // namespace bench

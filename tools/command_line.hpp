@@ -5,9 +5,11 @@
 #include "infer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,20 @@ inline double parse_number(const std::string& option, const std::string& text, c
     }
     if (text.empty() || used != text.size()) infer::fail("option ", option, ": \"", text, "\" is not ", what);
     return value;
+}
+
+// A comma list of positive integers ("1,4,16"), each error naming the option.
+inline std::vector<int> parse_int_list(const std::string& option, const std::string& text) {
+    std::vector<int> values;
+    std::stringstream in(text);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        double v = parse_number(option, item, "a positive integer");
+        if (v < 1 || v != std::floor(v) || v > 1e7) infer::fail("option ", option, ": \"", item, "\" is not a positive integer");
+        values.push_back(static_cast<int>(v));
+    }
+    if (values.empty()) infer::fail("option ", option, ": empty; expected e.g. 1,4,16");
+    return values;
 }
 
 class CommandLine {
