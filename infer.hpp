@@ -3257,15 +3257,19 @@ public:
             r.q.clear();  // one-hot: a lookup is certain of its guess
         }
     }
-    // The ids that followed the most recent earlier match of the longest suffix (at most n ids) that has one.
+    // The k ids that followed the most recent earlier match of the longest suffix (at most n ids) that has one. The
+    // copy may run past the end of the text into its own guesses, as an LZ77 copy does: after "a b a b" the match of
+    // "a b" at 0 guesses "a b a b ..." for any k, so text that repeats a short cycle is guessed k ids at a time.
     static std::vector<int> lookup(std::span<const int> tokens, int n, int k) {
         const int length = static_cast<int>(tokens.size());
         for (int m = std::min(n, length - 1); m >= 1 && k > 0; --m) {
             std::span<const int> suffix = tokens.last(static_cast<size_t>(m));
             for (int start = length - m - 1; start >= 0; --start)  // most recent first; the suffix itself excluded
                 if (std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) {
-                    const int from = start + m, count = std::min(k, length - from);
-                    return {tokens.begin() + from, tokens.begin() + from + count};
+                    std::vector<int> draft;
+                    for (int at = start + m; static_cast<int>(draft.size()) < k; ++at)
+                        draft.push_back(at < length ? tokens[static_cast<size_t>(at)] : draft[static_cast<size_t>(at - length)]);
+                    return draft;
                 }
         }
         return {};

@@ -162,7 +162,8 @@ TEST_CASE("n-gram lookup guesses what followed the most recent match of the long
     // "5 6 7" occurred at 0 and at 6; the most recent earlier match (6) is followed by 9 9.
     std::vector<int> tokens{5, 6, 7, 8, 1, 2, 5, 6, 7, 9, 9, 4, 5, 6, 7};
     CHECK(NgramProposer::lookup(tokens, 3, 2) == std::vector<int>{9, 9});
-    CHECK(NgramProposer::lookup(tokens, 3, 8) == std::vector<int>{9, 9, 4, 5, 6, 7});  // up to the end of the text
+    // Past the end of the text the copy reads its own guesses: "5 6 7" comes round again, so "9 9" follows it.
+    CHECK(NgramProposer::lookup(tokens, 3, 8) == std::vector<int>{9, 9, 4, 5, 6, 7, 9, 9});
     // No earlier "3 4": fall back to "4", which occurred at 11.
     std::vector<int> shorter{1, 4, 2, 9, 3, 4};
     CHECK(NgramProposer::lookup(shorter, 2, 3) == std::vector<int>{2, 9, 3});
@@ -171,8 +172,9 @@ TEST_CASE("n-gram lookup guesses what followed the most recent match of the long
     CHECK(NgramProposer::lookup(std::vector<int>{1, 2, 3}, 3, 4).empty());
     CHECK(NgramProposer::lookup(std::vector<int>{1}, 3, 4).empty());
     CHECK(NgramProposer::lookup(tokens, 3, 0).empty());
-    // A run of one id predicts more of it.
-    CHECK(NgramProposer::lookup(std::vector<int>{7, 7, 7, 7}, 3, 4) == std::vector<int>{7});
+    // A run of one id predicts more of it, and a short cycle goes round as many times as k asks.
+    CHECK(NgramProposer::lookup(std::vector<int>{7, 7, 7, 7}, 3, 4) == std::vector<int>{7, 7, 7, 7});
+    CHECK(NgramProposer::lookup(std::vector<int>{1, 2, 1, 2}, 3, 5) == std::vector<int>{1, 2, 1, 2, 1});
     CHECK(test::error_of([] { infer::NgramProposer(0); }).find("at least 1") != std::string::npos);
 }
 
