@@ -188,11 +188,12 @@ int main(int argc, char** argv) {
                     options.draft_path.empty() ? "the target's first layers" : draft->source.c_str(), draft->config.n_layers,
                     static_cast<double>(draft->parameter_count()) / 1e6, 1e3 * draft_step, draft_step / one);
         print_runs("story: only the opening", model, pool, opening, options, drafting);
-        // A step that verifies k guesses costs c(k+1) + k draft steps (the draft's catch-up pass rides along) and
-        // yields (1 - a^(k+1)) / (1 - a) tokens at acceptance a; it pays when that beats one token per c(1).
+        // A step that verifies k guesses costs c(k+1) and k draft passes (the first also catches the draft up on the
+        // target's last token) and yields (1 - a^(k+1)) / (1 - a) tokens at acceptance a; it pays when that beats one
+        // token per c(1).
         std::printf("   break-even acceptance (speculation as fast as plain decoding), from the step costs of part 1:\n");
         for (int k : options.ks) {
-            const double cost = cost_ratio[static_cast<size_t>(k + 1)] + (k + 1) * draft_step / one;
+            const double cost = cost_ratio[static_cast<size_t>(k + 1)] + k * draft_step / one;
             double low = 0, high = 1;
             for (int i = 0; i < 60; ++i) {
                 const double a = (low + high) / 2;
