@@ -108,6 +108,25 @@ inline std::string stream_decode(const infer::Tokenizer& tokenizer, const std::v
     return streamed + stream.finish();
 }
 
+// Sampling parameters the engine suites share: greedy (exact ids), and seeded sampling with every truncation on, so a
+// run repeats itself only if the sampler's generator is handled right.
+inline infer::SamplingParams greedy(int max_tokens) {
+    infer::SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = max_tokens;
+    return params;
+}
+
+inline infer::SamplingParams seeded(int max_tokens, uint64_t seed) {
+    infer::SamplingParams params;
+    params.temperature = 0.9f;
+    params.top_k = 40;
+    params.top_p = 0.95f;
+    params.seed = seed;
+    params.max_tokens = max_tokens;
+    return params;
+}
+
 // Logits of every position after feeding `ids` from position 0 in one prefill.
 inline std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids, int threads = 2) {
     infer::ThreadPool pool(threads);

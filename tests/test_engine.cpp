@@ -23,22 +23,8 @@ std::vector<std::vector<int>> mixed_prompts(int count, int vocab, uint64_t seed 
     return prompts;
 }
 
-infer::SamplingParams greedy(int max_tokens) {
-    infer::SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    return params;
-}
-
-infer::SamplingParams seeded(int max_tokens, uint64_t seed) {
-    infer::SamplingParams params;
-    params.temperature = 0.9f;
-    params.top_k = 40;
-    params.top_p = 0.95f;
-    params.seed = seed;
-    params.max_tokens = max_tokens;
-    return params;
-}
+using test::greedy;
+using test::seeded;
 
 std::vector<int> alone(infer::ThreadPool& pool, const std::vector<int>& prompt, const infer::SamplingParams& params) {
     return infer::generate_from_ids(stories(), pool, prompt, params).generated_ids;

@@ -24,22 +24,8 @@ std::shared_ptr<const infer::Model> stories_shared() {
     return model;
 }
 
-infer::SamplingParams greedy(int max_tokens) {
-    infer::SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    return params;
-}
-
-infer::SamplingParams sampled(int max_tokens, uint64_t seed) {
-    infer::SamplingParams params;
-    params.temperature = 0.9f;
-    params.top_k = 40;
-    params.top_p = 0.95f;
-    params.seed = seed;
-    params.max_tokens = max_tokens;
-    return params;
-}
+using test::greedy;
+using test::seeded;
 
 infer::SpecConfig ngram(int k, int n = 3) {
     infer::SpecConfig spec;
@@ -303,7 +289,7 @@ TEST_CASE("greedy speculative decoding, batched with other sequences under a sma
         std::vector<int> prompt{1};
         while (static_cast<int>(prompt.size()) < 3 + static_cast<int>(rng() % 40)) prompt.push_back(3 + static_cast<int>(rng() % 509));
         prompts.push_back(prompt);
-        params.push_back(i % 2 ? sampled(30, 100 + i) : greedy(40));
+        params.push_back(i % 2 ? seeded(30, 100 + i) : greedy(40));
         expected.push_back(infer::generate_from_ids(stories(), pool, prompt, greedy(40)).generated_ids);
     }
     for (auto make : {std::function<infer::SpecConfig(int)>([](int k) { return ngram(k); }),
@@ -362,7 +348,7 @@ TEST_CASE("seeded speculative sampling repeats itself, alone or batched") {
     std::vector<infer::SamplingParams> params;
     for (size_t i = 0; i < references.size(); ++i) {
         prompts.push_back(references[i].prompt);
-        infer::SamplingParams p = sampled(60, 7 + i);
+        infer::SamplingParams p = seeded(60, 7 + i);
         p.presence_penalty = i == 1 ? 0.5f : 0.0f;  // penalties shape p as the drafts are verified
         p.repetition_penalty = i == 2 ? 1.2f : 1.0f;
         params.push_back(p);
