@@ -118,7 +118,9 @@ TEST_CASE("sharded safetensors with an index load like a single file") {
 
 TEST_CASE("bad safetensors files: truncated, header past the end, missing tensor, wrong shape, unsupported dtype") {
     TinyModel tiny("bad-safetensors", "model.safetensors");
-    const auto& [folder, weights, good] = std::tie(tiny.folder, tiny.file, tiny.good);
+    const std::filesystem::path& folder = tiny.folder;
+    const std::filesystem::path& weights = tiny.file;
+    const std::string& good = tiny.good;
 
     test::write_file(weights, good.substr(0, good.size() / 2));
     std::string message = load_error(folder);
@@ -165,7 +167,10 @@ TEST_CASE("bad safetensors files: truncated, header past the end, missing tensor
 
 TEST_CASE("bad config.json: not JSON, unknown architecture, missing field, unsupported RoPE scaling") {
     TinyModel tiny("bad-config", "config.json");
-    const auto& [folder, config, good] = std::tie(tiny.folder, tiny.file, tiny.good);
+    // References, not a structured binding: clang before 16 cannot capture those in a lambda.
+    const std::filesystem::path& folder = tiny.folder;
+    const std::filesystem::path& config = tiny.file;
+    const std::string& good = tiny.good;
 
     test::write_file(config, "{\"model_type\": \"llama\", oops}");
     std::string message = load_error(folder);
