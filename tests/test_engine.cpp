@@ -97,7 +97,9 @@ TEST_CASE("requests batched together produce the ids each produces alone") {
             expected.push_back(alone(pool, prompts[i], params.back()));
         }
         // Token budgets from one token per step (every prefill chunked) to all at once, and several block sizes.
-        for (auto [budget, block, max_seqs] : std::vector<std::tuple<int, int, int>>{{512, 16, 64}, {7, 4, 64}, {64, 8, 3}, {1, 16, 64}, {33, 1, 5}}) {
+        for (const std::tuple<int, int, int>& setting : std::vector<std::tuple<int, int, int>>{{512, 16, 64}, {7, 4, 64}, {64, 8, 3}, {1, 16, 64}, {33, 1, 5}}) {
+            int budget, block, max_seqs;  // named variables, not a structured binding: CAPTURE's lambda must see them
+            std::tie(budget, block, max_seqs) = setting;
             CAPTURE(sampled);
             CAPTURE(budget);
             CAPTURE(block);

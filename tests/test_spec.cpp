@@ -222,8 +222,10 @@ TEST_CASE("the verification rule leaves the target's distribution: one-hot and g
             std::vector<float> row = logits;
             ++counts[infer::verify_draft_token(sampler, row, drafted, qs, scratch)];
         }
-        for (const auto& [id, count] : counts) CHECK_MESSAGE(p[id] > 0, "id " << id << " is outside p's support");
-        auto [statistic, df] = chi_square(counts, p, n);
+        for (const auto& entry : counts) CHECK_MESSAGE(p[entry.first] > 0, "id " << entry.first << " is outside p's support");
+        double statistic;  // named variables, not a structured binding: CAPTURE's lambda must be able to see them
+        int df;
+        std::tie(statistic, df) = chi_square(counts, p, n);
         CAPTURE(statistic);
         CHECK(df >= 5);
         CHECK(statistic < chi_square_bound(df));
@@ -410,7 +412,9 @@ TEST_CASE("sampled speculative decoding follows the target's distribution over t
     table.proposer = std::make_shared<TableProposer>(guesses);
     setups.emplace_back("one-hot guesses", table);
     setups.emplace_back("a random draft model's q", draft(1, fixture("qwen3")));
-    for (auto& [name, spec] : setups) {
+    for (const auto& setup : setups) {
+        const std::string& name = setup.first;
+        const infer::SpecConfig& spec = setup.second;
         CAPTURE(name);
         infer::EngineConfig config = engine_config(spec);
         config.scheduler.max_seqs = 256;
@@ -434,7 +438,9 @@ TEST_CASE("sampled speculative decoding follows the target's distribution over t
         CHECK(drafted > n / 2);  // most second ids were verified guesses
         CHECK(accepted > 0);
         CHECK(accepted < drafted);
-        auto [statistic, df] = chi_square(counts, joint, n);
+        double statistic;
+        int df;
+        std::tie(statistic, df) = chi_square(counts, joint, n);
         CAPTURE(statistic);
         CAPTURE(df);
         CHECK(df >= 10);
