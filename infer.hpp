@@ -444,17 +444,24 @@ struct Tensor {
 };
 
 namespace detail {
-// The number of elements a shape from a file describes, refusing negative dimensions and products past 2^62: a
-// hostile header must get an error here, not an element count that wrapped around and passes the size checks.
+// The number of elements a shape from a file describes, refusing negative dimensions and products past 2^60, so
+// that neither the count nor its bytes (at most 4 per element) can wrap. The product of the non-zero dimensions is
+// what is bounded: a zero anywhere makes the count 0, but Tensor::elements() multiplies in another order and must
+// not overflow on the way there.
 inline int64_t checked_element_count(const std::vector<int64_t>& shape, std::string_view where) {
-    constexpr int64_t limit = int64_t{1} << 62;
-    int64_t count = 1;
+    constexpr int64_t limit = int64_t{1} << 60;
+    int64_t nonzero_product = 1;
+    bool has_zero = false;
     for (int64_t dim : shape) {
         if (dim < 0) fail(where, ": negative dimension ", dim);
-        if (dim != 0 && count > limit / dim) fail(where, ": the shape's element count exceeds 2^62");
-        count *= dim;
+        if (dim == 0) {
+            has_zero = true;
+            continue;
+        }
+        if (nonzero_product > limit / dim) fail(where, ": the shape's element count exceeds 2^60");
+        nonzero_product *= dim;
     }
-    return count;
+    return has_zero ? 0 : nonzero_product;
 }
 }  // namespace detail
 
@@ -1114,7 +1121,7 @@ inline GgufFile read_gguf(const std::filesystem::path& path, FileAccess access =
         std::vector<int64_t> dims(n_dims);
         for (auto& dim : dims) {
             uint64_t value = in.read<uint64_t>();
-            if (value > (uint64_t{1} << 62)) fail(path.string(), ": tensor ", info.tensor.name, " has dimension ", value);
+            if (value > (uint64_t{1} << 60)) fail(path.string(), ": tensor ", info.tensor.name, " has dimension ", value);
             dim = static_cast<int64_t>(value);
         }
         detail::checked_element_count(dims, path.string() + ": tensor " + info.tensor.name);

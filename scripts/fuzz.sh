@@ -3,6 +3,7 @@
 #
 #   CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized && meson compile -C build-fuzz
 #   scripts/fuzz.sh build-fuzz [SECONDS_PER_TARGET] [TARGET ...]
+#   FUZZ_RUNS=1000000 scripts/fuzz.sh build-fuzz 3600 gguf   # stop at a number of executions (time stays a cap)
 #
 # Each target keeps its corpus in BUILD/fuzz-corpus/TARGET (seeded from tests/fuzz_seeds.hpp on the first run) and
 # writes any crashing input to BUILD/fuzz-crashes/TARGET/. The exit status is non-zero if any target found a crash.
@@ -24,7 +25,9 @@ for target in "${targets[@]}"; do
   crashes="$build/fuzz-crashes/$target"
   mkdir -p "$corpus" "$crashes"
   log="$build/fuzz-$target.log"
-  "$program" "$corpus" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
+  run_limit=()
+  [ -n "${FUZZ_RUNS:-}" ] && run_limit=(-runs="$FUZZ_RUNS")
+  "$program" "$corpus" "${run_limit[@]}" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=65536 \
     -artifact_prefix="$crashes/" -print_final_stats=1 > "$log" 2>&1
   result=$?
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
