@@ -75,7 +75,7 @@
 //
 // Configuration: nothing to define. With AVX2+FMA (e.g. -march=native on x86-64) the matrix kernels use intrinsics
 // (appendix F); elsewhere the portable loop beside ForwardPass computes the same sums in the same order. INFER_CUDA
-// (defined by the Meson build when nvcc is found, for the targets linked with infer_cuda.cu) declares the CUDA forward
+// (defined by the Meson build when nvcc is found, for the targets that use infer_cuda.cu) declares the CUDA forward
 // pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
@@ -4136,23 +4136,26 @@ std::string device_description(int device = 0);     // "NVIDIA H200, 132 SMs, 13
 double measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int repeats = 20);  // bytes/s, read + written
 double measure_bf16_matmul_rate(int n = 8192, int repeats = 20);                  // flop/s of cuBLAS bf16, f32 sums
 
-// The forward pass on the GPU: ForwardPass's interface, weights uploaded once at construction.
+// The forward pass on the GPU: ForwardPass's interface, weights uploaded once by make_forward_pass. An interface
+// (device buffers, cuBLAS and graphs stay inside infer_cuda.cu) so that a program may also load the CUDA code as a
+// module on demand, as the infer program does, instead of linking it.
 class ForwardPass {
 public:
-    explicit ForwardPass(const Model& model, CudaOptions options = {});
-    ~ForwardPass();
-    ForwardPass(const ForwardPass&) = delete;
-    ForwardPass& operator=(const ForwardPass&) = delete;
-
-    const Model& model() const;
+    virtual ~ForwardPass() = default;
+    virtual const Model& model() const = 0;
     // Logits [rows, V] (host memory, valid until the next call) for the tokens whose wants_logits is set.
-    std::span<const float> forward(const Batch& batch, KVCache& cache);
-
-    struct State;  // device buffers, cuBLAS, graphs (infer_cuda.cu)
-
-private:
-    std::unique_ptr<State> state_;
+    virtual std::span<const float> forward(const Batch& batch, KVCache& cache) = 0;
 };
+std::unique_ptr<ForwardPass> make_forward_pass(const Model& model, CudaOptions options = {});
+
+// What a program and the CUDA module it loads on demand must agree on: both compile this header, and another version
+// of the types they pass would be read wrongly. A guard against a stale file, checked when the module is opened.
+inline unsigned long long module_layout() {
+    unsigned long long stamp = INFER_VERSION_MAJOR * 1000000ull + INFER_VERSION_MINOR * 1000ull + INFER_VERSION_PATCH;
+    for (size_t size : {sizeof(Model), sizeof(ModelConfig), sizeof(Tensor), sizeof(Batch), sizeof(KVCache), sizeof(CudaOptions)})
+        stamp = stamp * 1099511628211ull ^ size;
+    return stamp;
+}
 
 // Each kernel alone on host data, so the tests can hold it against its CPU twin.
 namespace kernels {
@@ -4198,7 +4201,7 @@ inline DeviceForwardPass::DeviceForwardPass(const Model& model, ThreadPool& pool
     : cpu_(model, pool), device_(device) {
     if (device == Device::Cuda) {
 #ifdef INFER_CUDA
-        cuda_ = std::make_unique<cuda::ForwardPass>(model, options);
+        cuda_ = cuda::make_forward_pass(model, options);
 #else
         (void)options;
         fail("--device cuda: this build has no CUDA kernels (build with nvcc present: meson setup -Dcuda=enabled)");

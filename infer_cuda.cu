@@ -919,7 +919,8 @@ double measure_bf16_matmul_rate(int n, int repeats) {
 // The forward pass
 // =====================================================================================================================
 
-struct ForwardPass::State {
+// Everything the GPU forward pass owns: weights in device memory, the KV pools, scratch, cuBLAS, the graphs.
+struct ForwardState {
     const Model& model;
     CudaOptions options;
     int sm_count = 0;
@@ -966,11 +967,26 @@ struct ForwardPass::State {
     // Graphs per bucket (rows, padded), valid while no buffer above moves.
     std::map<int, cudaGraphExec_t> graphs;
 
-    State(const Model& m, CudaOptions o) : model(m), options(o), weights(0) {}
+    ForwardState(const Model& m, CudaOptions o) : model(m), options(o), weights(0) {}
 };
 
-ForwardPass::ForwardPass(const Model& model, CudaOptions options) : state_(std::make_unique<State>(model, options)) {
-    State& s = *state_;
+class GpuForwardPass final : public ForwardPass {
+public:
+    GpuForwardPass(const Model& model, CudaOptions options);
+    ~GpuForwardPass() override;
+    GpuForwardPass(const GpuForwardPass&) = delete;
+    GpuForwardPass& operator=(const GpuForwardPass&) = delete;
+
+    const Model& model() const override { return state_->model; }
+    std::span<const float> forward(const Batch& batch, KVCache& cache) override;
+
+private:
+    std::unique_ptr<ForwardState> state_;
+};
+
+GpuForwardPass::GpuForwardPass(const Model& model, CudaOptions options)
+    : state_(std::make_unique<ForwardState>(model, options)) {
+    ForwardState& s = *state_;
     const ModelConfig& c = model.config;
     std::string why;
     if (!device_available(&why)) fail("--device cuda: ", why);
@@ -1004,25 +1020,27 @@ ForwardPass::ForwardPass(const Model& model, CudaOptions options) : state_(std::
     s.inverse_frequencies = detail::rope_inverse_frequencies(model);
 }
 
-ForwardPass::~ForwardPass() {
+GpuForwardPass::~GpuForwardPass() {
     if (!state_) return;
     for (auto& [rows, exec] : state_->graphs) cudaGraphExecDestroy(exec);
     if (state_->mm.cublas) cublasDestroy(state_->mm.cublas);
     if (state_->stream) cudaStreamDestroy(state_->stream);
 }
 
-const Model& ForwardPass::model() const { return state_->model; }
+std::unique_ptr<ForwardPass> make_forward_pass(const Model& model, CudaOptions options) {
+    return std::make_unique<GpuForwardPass>(model, options);
+}
 
 namespace {
 
-void drop_graphs(ForwardPass::State& s) {
+void drop_graphs(ForwardState& s) {
     for (auto& [rows, exec] : s.graphs) cudaGraphExecDestroy(exec);
     s.graphs.clear();
 }
 
 // The device pool follows the KVCache it is given: same blocks, same block size. A different cache (or a different
 // shape) gets a fresh pool, as a fresh KVCache holds nothing anyone may read.
-void ensure_pool(ForwardPass::State& s, const KVCache& cache) {
+void ensure_pool(ForwardState& s, const KVCache& cache) {
     if (s.pool_owner == &cache && s.pool_blocks == cache.num_blocks() && s.pool_block_size == cache.block_size()) return;
     const ModelConfig& c = s.model.config;
     const size_t floats = static_cast<size_t>(c.n_layers) * cache.num_blocks() * cache.block_size() * c.n_kv_heads * c.head_dim;
@@ -1037,7 +1055,7 @@ void ensure_pool(ForwardPass::State& s, const KVCache& cache) {
     drop_graphs(s);
 }
 
-void ensure_scratch(ForwardPass::State& s, size_t T) {
+void ensure_scratch(ForwardState& s, size_t T) {
     if (T <= s.capacity) return;
     const ModelConfig& c = s.model.config;
     const size_t D = c.dim, q_width = static_cast<size_t>(c.n_heads) * c.head_dim, kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
@@ -1068,7 +1086,7 @@ void ensure_scratch(ForwardPass::State& s, size_t T) {
 
 // Everything one forward call runs on the stream: `T` rows (a graph bucket pads T), `rows` of logits, `decode_rows`
 // rows through flash-decoding and `n_tiles` prefill tiles through attention_prefill.
-void enqueue_forward(ForwardPass::State& s, int T, int rows, int decode_rows, int n_tiles) {
+void enqueue_forward(ForwardState& s, int T, int rows, int decode_rows, int n_tiles) {
     const ModelConfig& c = s.model.config;
     const int D = c.dim, Dh = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim;
     const size_t kv_width = static_cast<size_t>(Hkv) * Dh;
@@ -1140,8 +1158,8 @@ void enqueue_forward(ForwardPass::State& s, int T, int rows, int decode_rows, in
 
 }  // namespace
 
-std::span<const float> ForwardPass::forward(const Batch& batch, KVCache& cache) {
-    State& s = *state_;
+std::span<const float> GpuForwardPass::forward(const Batch& batch, KVCache& cache) {
+    ForwardState& s = *state_;
     const ModelConfig& c = s.model.config;
     const int T = static_cast<int>(batch.size());
     if (T == 0) return {};
@@ -1431,3 +1449,36 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 
 }  // namespace kernels
 }  // namespace infer::cuda
+
+// =====================================================================================================================
+// Entry points for a program that opens this file as a module (libinfer_cuda.so) instead of linking it
+// =====================================================================================================================
+// The infer program opens the module only when --device cuda asks for it (tools/cuda_module.cpp), so its CPU runs do
+// not map the CUDA runtime and cuBLAS. C names, so finding them does not depend on name mangling; errors come back as
+// text rather than as exceptions crossing the boundary.
+
+extern "C" {
+
+__attribute__((visibility("default"))) unsigned long long infer_cuda_module_layout() {
+    return infer::cuda::module_layout();
+}
+
+__attribute__((visibility("default"))) bool infer_cuda_device_available(std::string* why) {
+    return infer::cuda::device_available(why);
+}
+
+__attribute__((visibility("default"))) void infer_cuda_device_description(int device, std::string* out) {
+    *out = infer::cuda::device_description(device);
+}
+
+__attribute__((visibility("default"))) infer::cuda::ForwardPass* infer_cuda_make_forward_pass(
+    const infer::Model* model, const infer::CudaOptions* options, std::string* error) {
+    try {
+        return infer::cuda::make_forward_pass(*model, *options).release();
+    } catch (const std::exception& e) {
+        *error = e.what();
+        return nullptr;
+    }
+}
+
+}  // extern "C"

@@ -118,7 +118,8 @@ int run(const Options& options) {
     std::vector<Row> rows;
 
     // Decode: `batch` sequences of `context` tokens, then `steps` steps of one token each, timed together.
-    infer::cuda::ForwardPass forward(model);
+    const auto forward_owner = infer::cuda::make_forward_pass(model);
+    infer::cuda::ForwardPass& forward = *forward_owner;
     for (int batch_size : options.batches) {
         for (int s = 0; s < batch_size; ++s) {
             if (!cache.reserve(s, per_sequence)) infer::fail("KV pool too small for batch ", batch_size);
@@ -148,7 +149,8 @@ int run(const Options& options) {
     for (auto matmul : {infer::CudaOptions::Matmul::Cublas, infer::CudaOptions::Matmul::Tiled}) {
         infer::CudaOptions cuda_options;
         cuda_options.matmul = matmul;
-        infer::cuda::ForwardPass prefill_pass(model, cuda_options);
+        const auto prefill_pass_owner = infer::cuda::make_forward_pass(model, cuda_options);
+        infer::cuda::ForwardPass& prefill_pass = *prefill_pass_owner;
         double flops = c.vocab_size * 2.0 * c.dim;  // the logits of the last token
         for (int p = 0; p < options.prefill_tokens; ++p) flops += matrix_flops_per_token(model) + attention_flops(c, p);
         double best = 1e30;

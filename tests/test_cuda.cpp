@@ -147,7 +147,8 @@ std::vector<float> prefill_logits(const infer::Model& model, const std::vector<i
     infer::Batch batch;
     for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);
     if (gpu) {
-        infer::cuda::ForwardPass forward(model, options);
+        const auto forward_owner = infer::cuda::make_forward_pass(model, options);
+        infer::cuda::ForwardPass& forward = *forward_owner;
         auto logits = forward.forward(batch, cache);
         return {logits.begin(), logits.end()};
     }
@@ -365,7 +366,8 @@ TEST_CASE("gpu: stories260K logits at 64 positions (one prefill, then one-token 
     infer::Model model = infer::load_model(dir / "stories260K.gguf");
     infer::KVCache cache(model.config, 8, 16);
     REQUIRE(cache.reserve(7, static_cast<int>(ids.size())));
-    infer::cuda::ForwardPass forward(model);
+    const auto forward_owner = infer::cuda::make_forward_pass(model);
+    infer::cuda::ForwardPass& forward = *forward_owner;
     infer::Batch batch;
     for (int i = 0; i < prompt; ++i) batch.add(ids[i], i, 7, true);
     auto logits = forward.forward(batch, cache);
@@ -430,7 +432,8 @@ TEST_CASE("gpu: a sequence's logits do not depend on its batch-mates or on how i
         infer::KVCache cache(model.config, 4, 4);
         REQUIRE(cache.reserve(0, 12));
         REQUIRE(cache.reserve(1, 3));
-        infer::cuda::ForwardPass forward(model, item.options);
+        const auto forward_owner = infer::cuda::make_forward_pass(model, item.options);
+        infer::cuda::ForwardPass& forward = *forward_owner;
         std::vector<float> chunked;
         int start = 0;
         for (int chunk : {5, 4, 3}) {
