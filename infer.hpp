@@ -95,11 +95,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -1047,6 +1049,7 @@ private:
 // GGUF metadata values as one small variant: numbers as double/int64, strings, and arrays of either.
 struct GgufValue {
     std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>, std::vector<std::string>> value;
+    uint32_t type = 0, item_type = 0;  // the file's type tags (an array's items: item_type), so it can be written back
 };
 
 // One metadata value, its type tag read first (appendix A decodes the 13 types).
@@ -4446,6 +4449,7 @@ inline bool gguf_is_integer(uint32_t type) {
 
 inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::string& path, const std::string& key) {
     GgufValue out;
+    out.type = type;
     if (type == F32) out.value = static_cast<double>(in.read<float>());
     else if (type == F64) out.value = in.read<double>();
     else if (type == BOOL) out.value = in.read<uint8_t>() != 0;
@@ -4453,6 +4457,7 @@ inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::strin
     else if (gguf_is_integer(type)) out.value = gguf_read_integer(in, type);
     else if (type == ARRAY) {
         uint32_t item_type = in.read<uint32_t>();
+        out.item_type = item_type;
         uint64_t count = in.read<uint64_t>();
         in.need(count, "an array");  // each item takes at least a byte: a cheap bound before reserving
         if (item_type == STRING) {
@@ -4477,6 +4482,49 @@ inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::strin
         fail(path, ": metadata ", key, ": unknown value type ", type);
     }
     return out;
+}
+
+// The inverse of gguf_read_value: the type tag, then the value in that type (infer quantize writes files back).
+inline void gguf_append_value(std::string& out, const GgufValue& v) {
+    auto put = [&out](auto value) { out.append(reinterpret_cast<const char*>(&value), sizeof value); };
+    auto put_string = [&](const std::string& text) {
+        put(uint64_t{text.size()});
+        out += text;
+    };
+    auto put_item = [&](uint32_t type, const auto& item) {
+        using Item = std::decay_t<decltype(item)>;
+        if constexpr (std::is_same_v<Item, std::string>) {
+            put_string(item);
+        } else if constexpr (std::is_same_v<Item, double>) {
+            if (type == F32) put(static_cast<float>(item));
+            else put(item);
+        } else {
+            switch (type) {
+                case U8: case BOOL: put(static_cast<uint8_t>(item)); break;
+                case I8: put(static_cast<int8_t>(item)); break;
+                case U16: put(static_cast<uint16_t>(item)); break;
+                case I16: put(static_cast<int16_t>(item)); break;
+                case U32: put(static_cast<uint32_t>(item)); break;
+                case I32: put(static_cast<int32_t>(item)); break;
+                case U64: put(static_cast<uint64_t>(item)); break;
+                default: put(static_cast<int64_t>(item)); break;
+            }
+        }
+    };
+    put(v.type);
+    std::visit([&](const auto& value) {
+        using Value = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<Value, std::vector<int64_t>> || std::is_same_v<Value, std::vector<double>> ||
+                      std::is_same_v<Value, std::vector<std::string>>) {
+            put(v.item_type);
+            put(uint64_t{value.size()});
+            for (const auto& item : value) put_item(v.item_type, item);
+        } else if constexpr (std::is_same_v<Value, bool>) {
+            put(static_cast<uint8_t>(value));
+        } else {
+            put_item(v.type, value);
+        }
+    }, v.value);
 }
 
 inline const char* gguf_tensor_type_name(uint32_t type) {
@@ -7157,5 +7205,440 @@ inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, floa
 }
 
 }  // namespace detail
+
+// ==== I QUANTIZING ===================================================================================================
+// `infer quantize`: a float GGUF (F32, F16 or BF16 weights) rewritten with its matrices in blocks. Each encoder is the
+// inverse of a decoder of appendix H. Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 follow llama.cpp's reference rounding step for
+// step, so their bytes are identical to llama-quantize's for the same input; the K-quants search each sub-block's
+// scale and minimum by least squares over a few candidate grids (their own search, judged by the error it leaves).
+// A recipe such as Q4_K_M gives a few sensitive matrices more bits. Cost: one pass over the weights, a few dozen
+// operations per weight for the K-quants' search; a 1B model takes seconds per thread.
+
+namespace detail {
+
+inline void put_f16(std::byte* p, float value) {
+    const uint16_t half = f32_to_f16(value);
+    std::memcpy(p, &half, 2);
+}
+inline float f16_round(float value) { return f16_to_f32(f32_to_f16(value)); }  // what a stored f16 reads back as
+
+// Q8_0: d = max|x| / 127 (stored as f16), q = round(x · (1/d)), ties away from zero: the reference's exact order.
+inline void quantize_q8_0(const float* x, std::byte* b) {
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+    const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(b, d);
+    for (int k = 0; k < 32; ++k) b[2 + k] = static_cast<std::byte>(static_cast<int8_t>(std::round(x[k] * inverse)));
+}
+
+// The element of largest magnitude, its sign kept (the first on ties): Q4_0 and Q5_0 map it to their most negative
+// level, so the sign of d carries the sign of the extreme and the full range −8…7 (−16…15) is used.
+inline float signed_extreme(const float* x, int n) {
+    float amax = 0.0f, extreme = 0.0f;
+    for (int k = 0; k < n; ++k)
+        if (amax < std::fabs(x[k])) {
+            amax = std::fabs(x[k]);
+            extreme = x[k];
+        }
+    return extreme;
+}
+
+// Q4_0 / Q5_0: d = extreme / −8 (−16), q = min(top, trunc(x/d + half_range + 0.5)). Q4_1 / Q5_1: d = (max − min) /
+// top, m = min, q = trunc((x − min)/d + 0.5). `bits` is 4 or 5; the fifth bits go to qh as the decoder reads them.
+inline void quantize_q45_0_1(const float* x, std::byte* b, int bits, bool with_min) {
+    const int top = (1 << bits) - 1;
+    float d = 0.0f, m = 0.0f;
+    if (with_min) {
+        float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+        for (int k = 0; k < 32; ++k) {
+            lo = std::min(lo, x[k]);
+            hi = std::max(hi, x[k]);
+        }
+        d = (hi - lo) / static_cast<float>(top);
+        m = lo;
+    } else {
+        d = signed_extreme(x, 32) / -static_cast<float>(1 << (bits - 1));
+    }
+    const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(b, d);
+    if (with_min) put_f16(b + 2, m);
+    const float bias = with_min ? 0.5f : static_cast<float>(1 << (bits - 1)) + 0.5f;
+    uint32_t qh = 0;
+    std::byte* qs = b + (with_min ? 4 : 2) + (bits == 5 ? 4 : 0);
+    for (int k = 0; k < 16; ++k) {
+        const float low = with_min ? (x[k] - m) * inverse : x[k] * inverse;
+        const float high = with_min ? (x[k + 16] - m) * inverse : x[k + 16] * inverse;
+        const int q0 = std::min(top, static_cast<int>(static_cast<int8_t>(low + bias)));
+        const int q1 = std::min(top, static_cast<int>(static_cast<int8_t>(high + bias)));
+        qs[k] = static_cast<std::byte>((q0 & 0x0F) | (q1 & 0x0F) << 4);
+        qh |= static_cast<uint32_t>((q0 >> 4) & 1) << k | static_cast<uint32_t>((q1 >> 4) & 1) << (k + 16);
+    }
+    if (bits == 5) std::memcpy(b + (with_min ? 4 : 2), &qh, 4);
+}
+
+// The best x ≈ scale·q − offset for one sub-block, q in 0…top and offset ≥ 0 (what Q4_K and Q5_K store per 32
+// weights before those two numbers are themselves quantized): for a few grid spacings around (max − min)/top, round
+// every x to the grid, fit scale and offset to those q by least squares, and keep the fit with the least error.
+struct AffineFit {
+    float scale = 0.0f, offset = 0.0f;
+};
+inline float affine_error(const float* x, int n, int top, float scale, float offset) {
+    float error = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const int q = scale > 0 ? std::clamp(static_cast<int>(std::nearbyint((x[i] + offset) / scale)), 0, top) : 0;
+        const float e = scale * static_cast<float>(q) - offset - x[i];
+        error += e * e;
+    }
+    return error;
+}
+inline AffineFit fit_affine(const float* x, int n, int top) {
+    float lo = 0.0f, hi = x[0];
+    for (int i = 0; i < n; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+    }
+    AffineFit best{hi > lo ? (hi - lo) / static_cast<float>(top) : 0.0f, -lo};
+    if (hi <= lo) return best;
+    float best_error = affine_error(x, n, top, best.scale, best.offset);
+    for (int step = -6; step <= 12; ++step) {
+        const float grid = (static_cast<float>(top) + 0.1f * static_cast<float>(step)) / (hi - lo);
+        double sum_q = 0, sum_qq = 0, sum_x = 0, sum_xq = 0;
+        for (int i = 0; i < n; ++i) {
+            const double q = std::clamp(static_cast<int>(std::nearbyint((x[i] - lo) * grid)), 0, top);
+            sum_q += q;
+            sum_qq += q * q;
+            sum_x += x[i];
+            sum_xq += x[i] * q;
+        }
+        const double det = n * sum_qq - sum_q * sum_q;
+        if (det <= 0) continue;
+        double scale = (n * sum_xq - sum_q * sum_x) / det, shift = (sum_qq * sum_x - sum_q * sum_xq) / det;
+        if (shift > 0) {  // the offset is stored as a non-negative minimum: pin it at 0 and refit the scale alone
+            shift = 0;
+            scale = sum_xq / sum_qq;
+        }
+        if (scale <= 0) continue;
+        const float error = affine_error(x, n, top, static_cast<float>(scale), static_cast<float>(-shift));
+        if (error < best_error) {
+            best_error = error;
+            best = {static_cast<float>(scale), static_cast<float>(-shift)};
+        }
+    }
+    return best;
+}
+
+// Q4_K (bits 4) and Q5_K (bits 5): eight sub-blocks of 32, each fitted alone; then the eight scales and the eight
+// offsets are stored as 6-bit multiples of the block's d and dmin (f16), and every q is rounded again against the
+// values the decoder will actually use, (d·sc) and (dmin·m).
+inline void quantize_q45_k(const float* x, std::byte* b, int bits) {
+    const int top = (1 << bits) - 1;
+    AffineFit fits[8];
+    float max_scale = 0.0f, max_offset = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+        fits[j] = fit_affine(x + 32 * j, 32, top);
+        max_scale = std::max(max_scale, fits[j].scale);
+        max_offset = std::max(max_offset, fits[j].offset);
+    }
+    const float d = f16_round(max_scale / 63.0f), dmin = f16_round(max_offset / 63.0f);
+    put_f16(b, d);
+    put_f16(b + 2, dmin);
+    std::byte* scales = b + 4;
+    std::memset(scales, 0, 12);
+    uint8_t q[256];
+    for (int j = 0; j < 8; ++j) {
+        const int sc = d > 0 ? std::clamp(static_cast<int>(std::nearbyint(fits[j].scale / d)), 0, 63) : 0;
+        const int m = dmin > 0 ? std::clamp(static_cast<int>(std::nearbyint(fits[j].offset / dmin)), 0, 63) : 0;
+        if (j < 4) {
+            scales[j] |= static_cast<std::byte>(sc);
+            scales[j + 4] |= static_cast<std::byte>(m);
+        } else {
+            scales[j + 4] = static_cast<std::byte>((sc & 0x0F) | (m & 0x0F) << 4);
+            scales[j - 4] |= static_cast<std::byte>((sc >> 4) << 6);
+            scales[j] |= static_cast<std::byte>((m >> 4) << 6);
+        }
+        const float step = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+        for (int i = 0; i < 32; ++i) {
+            const float value = x[32 * j + i];
+            q[32 * j + i] = static_cast<uint8_t>(step > 0 ? std::clamp(static_cast<int>(std::nearbyint((value + offset) / step)), 0, top) : 0);
+        }
+    }
+    std::byte* qh = b + 16;
+    std::byte* qs = b + (bits == 5 ? 48 : 16);
+    if (bits == 5) std::memset(qh, 0, 32);
+    for (int g = 0; g < 4; ++g)
+        for (int l = 0; l < 32; ++l) {
+            const int low = q[64 * g + l], high = q[64 * g + 32 + l];
+            qs[32 * g + l] = static_cast<std::byte>((low & 0x0F) | (high & 0x0F) << 4);
+            if (bits == 5) qh[l] |= static_cast<std::byte>(((low >> 4) & 1) << (2 * g) | ((high >> 4) & 1) << (2 * g + 1));
+        }
+}
+
+// Q6_K: sixteen sub-blocks of 16, symmetric, q in −32…31. Each sub-block's scale is fitted as in Q4_0 (its extreme
+// on −32) and refined by least squares over a few grids; the scales are stored as int8 multiples of d (f16), and every
+// q is rounded again against d·scale.
+inline void quantize_q6_k(const float* x, std::byte* b) {
+    float fitted[16], max_abs = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+        const float* xs = x + 16 * j;
+        const float extreme = signed_extreme(xs, 16);
+        float best_scale = extreme / -32.0f, best_error = std::numeric_limits<float>::max();
+        for (int step = -6; step <= 6 && extreme != 0.0f; ++step) {
+            const float grid = (-32.0f + 0.1f * static_cast<float>(step)) / extreme;
+            double sum_xq = 0, sum_qq = 0;
+            for (int i = 0; i < 16; ++i) {
+                const double q = std::clamp(static_cast<int>(std::nearbyint(xs[i] * grid)), -32, 31);
+                sum_xq += xs[i] * q;
+                sum_qq += q * q;
+            }
+            if (sum_qq <= 0) continue;
+            const float scale = static_cast<float>(sum_xq / sum_qq);
+            float error = 0.0f;
+            for (int i = 0; i < 16; ++i) {
+                const int q = std::clamp(static_cast<int>(std::nearbyint(xs[i] / scale)), -32, 31);
+                error += (scale * static_cast<float>(q) - xs[i]) * (scale * static_cast<float>(q) - xs[i]);
+            }
+            if (error < best_error) {
+                best_error = error;
+                best_scale = scale;
+            }
+        }
+        fitted[j] = best_scale;
+        max_abs = std::max(max_abs, std::fabs(best_scale));
+    }
+    const float d = f16_round(max_abs / 127.0f);
+    std::byte* ql = b;
+    std::byte* qh = b + 128;
+    std::byte* scales = b + 192;
+    std::memset(b, 0, 192);
+    for (int j = 0; j < 16; ++j) {
+        const int sc = d > 0 ? std::clamp(static_cast<int>(std::nearbyint(fitted[j] / d)), -127, 127) : 0;
+        scales[j] = static_cast<std::byte>(static_cast<int8_t>(sc));
+        const float step = d * static_cast<float>(sc);
+        for (int i = 0; i < 16; ++i) {
+            const int e = 16 * j + i;
+            const int q = step != 0.0f ? std::clamp(static_cast<int>(std::nearbyint(x[e] / step)), -32, 31) : 0;
+            const int u = q + 32, h = e / 128, r = e % 128, g = r / 32, l = r % 32;
+            ql[64 * h + l + 32 * (g & 1)] |= static_cast<std::byte>(g < 2 ? (u & 0x0F) : (u & 0x0F) << 4);
+            qh[32 * h + l] |= static_cast<std::byte>((u >> 4) << (2 * g));
+        }
+    }
+    put_f16(b + 208, d);
+}
+
+}  // namespace detail
+
+// `count` f32 weights (a whole number of blocks) into blocks of `dtype`: the inverse of dequantize_row. Q2_K and Q3_K
+// are read but not written.
+inline void quantize_row(DType dtype, const float* x, std::byte* blocks, int64_t count) {
+    const DTypeBlock& block = dtype_block(dtype);
+    for (int64_t i = 0; i < count; i += block.elements, x += block.elements, blocks += block.bytes) {
+        switch (dtype) {
+            case DType::F32: std::memcpy(blocks, x, 4); break;
+            case DType::F16: detail::put_f16(blocks, x[0]); break;
+            case DType::BF16: {
+                const uint16_t half = f32_to_bf16(x[0]);
+                std::memcpy(blocks, &half, 2);
+                break;
+            }
+            case DType::Q8_0: detail::quantize_q8_0(x, blocks); break;
+            case DType::Q4_0: detail::quantize_q45_0_1(x, blocks, 4, false); break;
+            case DType::Q4_1: detail::quantize_q45_0_1(x, blocks, 4, true); break;
+            case DType::Q5_0: detail::quantize_q45_0_1(x, blocks, 5, false); break;
+            case DType::Q5_1: detail::quantize_q45_0_1(x, blocks, 5, true); break;
+            case DType::Q4_K: detail::quantize_q45_k(x, blocks, 4); break;
+            case DType::Q5_K: detail::quantize_q45_k(x, blocks, 5); break;
+            case DType::Q6_K: detail::quantize_q6_k(x, blocks); break;
+            case DType::Q2_K:
+            case DType::Q3_K: fail("quantizing to ", dtype_name(dtype), " is not supported (it is read, not written)");
+        }
+    }
+}
+
+// A quantization recipe: the type most matrices get, and the exceptions llama.cpp's recipes of the same name make.
+// The classifier (output.weight, or the embedding when it is tied) is the tensor most sensitive to rounding, so it
+// gets `output`; the _M and _S recipes give attn_v and ffn_down more bits in some layers (`boosted`): the _M ones in the
+// first and last eighth of the layers and every third layer between, the _S ones in the first eighth only.
+struct QuantRecipe {
+    const char* name;
+    int file_type;  // general.file_type, llama.cpp's numbering
+    DType base, output, boosted;
+    enum class Boost { None, Medium, Small } boost = Boost::None;
+};
+
+inline const std::vector<QuantRecipe>& quant_recipes() {
+    using B = QuantRecipe::Boost;
+    static const std::vector<QuantRecipe> recipes = {
+        {"F32", 0, DType::F32, DType::F32, DType::F32},        {"F16", 1, DType::F16, DType::F16, DType::F16},
+        {"BF16", 32, DType::BF16, DType::BF16, DType::BF16},   {"Q8_0", 7, DType::Q8_0, DType::Q8_0, DType::Q8_0},
+        {"Q4_0", 2, DType::Q4_0, DType::Q6_K, DType::Q4_0},    {"Q4_1", 3, DType::Q4_1, DType::Q6_K, DType::Q4_1},
+        {"Q5_0", 8, DType::Q5_0, DType::Q6_K, DType::Q5_0},    {"Q5_1", 9, DType::Q5_1, DType::Q6_K, DType::Q5_1},
+        {"Q4_K_S", 14, DType::Q4_K, DType::Q6_K, DType::Q5_K, B::Small},
+        {"Q4_K_M", 15, DType::Q4_K, DType::Q6_K, DType::Q6_K, B::Medium},
+        {"Q5_K_S", 16, DType::Q5_K, DType::Q6_K, DType::Q6_K, B::Small},
+        {"Q5_K_M", 17, DType::Q5_K, DType::Q6_K, DType::Q6_K, B::Medium},
+        {"Q6_K", 18, DType::Q6_K, DType::Q6_K, DType::Q6_K}};
+    return recipes;
+}
+
+inline const QuantRecipe& quant_recipe(std::string name) {
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (name == "Q4_K") name = "Q4_K_M";  // as llama-quantize reads the bare names
+    if (name == "Q5_K") name = "Q5_K_M";
+    std::string known;
+    for (const QuantRecipe& r : quant_recipes()) {
+        if (name == r.name) return r;
+        known += (known.empty() ? "" : ", ") + std::string(r.name);
+    }
+    fail("unknown quantization type \"", name, "\" (supported: ", known, ")");
+}
+
+// The type one tensor gets under a recipe. 1-D tensors (norm gains, biases) stay F32. A matrix whose rows are not
+// whole blocks falls back as llama.cpp does: to a 32-weight type, then to F16.
+inline DType quantized_type_for(const QuantRecipe& recipe, const std::string& name, const std::vector<int64_t>& shape,
+                                int n_layers, bool has_output, bool pure) {
+    if (shape.size() < 2) return DType::F32;
+    DType type = recipe.base;
+    const bool is_classifier = name == "output.weight" || (!has_output && name == "token_embd.weight");
+    if (!pure && is_classifier) type = recipe.output;
+    if (!pure && recipe.boost != QuantRecipe::Boost::None && name.rfind("blk.", 0) == 0 &&
+        (name.find(".attn_v.") != std::string::npos || name.find(".ffn_down.") != std::string::npos)) {
+        const int layer = std::atoi(name.c_str() + 4), eighth = n_layers / 8;
+        const bool boosted = recipe.boost == QuantRecipe::Boost::Small
+                                 ? layer < eighth
+                                 : layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2;
+        if (boosted) type = recipe.boosted;
+    }
+    const int64_t row = shape.back();
+    if (row % dtype_block(type).elements != 0) {
+        switch (type) {
+            case DType::Q4_K: type = DType::Q5_0; break;
+            case DType::Q5_K: type = DType::Q5_1; break;
+            case DType::Q6_K: type = DType::Q8_0; break;
+            default: break;
+        }
+        if (row % dtype_block(type).elements != 0) type = DType::F16;
+    }
+    return type;
+}
+
+struct QuantizeOptions {
+    std::string type = "Q8_0";  // a recipe name: Q8_0, Q4_0, Q4_K_M, …
+    bool pure = false;          // every matrix in the recipe's base type, no exceptions (llama-quantize --pure)
+    ThreadPool* pool = nullptr; // rows quantized in parallel when given
+    // Called after each tensor: (tensors done, tensors in all, bytes written so far, the tensor's name).
+    std::function<void(size_t, size_t, uint64_t, const std::string&)> progress;
+};
+
+struct QuantizeReport {
+    uint64_t bytes_in = 0, bytes_out = 0;
+    std::map<std::string, size_t> tensors_by_type;  // "Q4_K" → how many tensors got it
+};
+
+// Rewrites a GGUF file (F32, F16 or BF16 weights) with its matrices quantized: the metadata is copied as it was
+// (with general.file_type and general.quantization_version set), the tensors keep their order and names, the data
+// section is aligned as the input says. The output is written to `out_path` + ".part" and renamed when complete.
+inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
+                                    const QuantizeOptions& options) {
+    const QuantRecipe& recipe = quant_recipe(options.type);
+    const GgufFile in = read_gguf(in_path);
+    const std::string arch = in.string_or("general.architecture", "");
+    const int n_layers = static_cast<int>(in.integer_or(arch + ".block_count", 0));
+
+    // The tensors in the file's own order (the map holds them by name; their data pointers give the order).
+    std::vector<const Tensor*> order;
+    for (const auto& [name, tensor] : in.tensors) order.push_back(&tensor);
+    std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) { return a->data < b->data; });
+    const bool has_output = in.tensors.count("output.weight") > 0;
+
+    uint64_t alignment = static_cast<uint64_t>(in.integer_or("general.alignment", 32));
+    std::vector<DType> types;
+    for (const Tensor* t : order) {
+        if (is_quantized(t->dtype))
+            fail(in_path.string(), ": tensor ", t->name, " is already ", dtype_name(t->dtype),
+                 "; quantize from a file whose weights are F32, F16 or BF16");
+        types.push_back(quantized_type_for(recipe, t->name, t->shape, n_layers, has_output, options.pure));
+    }
+
+    // Header: magic, version, counts, the metadata, then each tensor's info with its offset in the data section.
+    std::string header = "GGUF";
+    auto put = [&header](auto value) { header.append(reinterpret_cast<const char*>(&value), sizeof value); };
+    auto put_string = [&](const std::string& text) {
+        put(uint64_t{text.size()});
+        header += text;
+    };
+    std::map<std::string, detail::GgufValue> metadata = in.metadata;
+    metadata["general.file_type"] = detail::GgufValue{int64_t{recipe.file_type}, detail::U32, 0};
+    metadata["general.quantization_version"] = detail::GgufValue{int64_t{2}, detail::U32, 0};
+    put(uint32_t{3});
+    put(uint64_t{order.size()});
+    put(uint64_t{metadata.size()});
+    for (const auto& [key, value] : metadata) {
+        put_string(key);
+        detail::gguf_append_value(header, value);
+    }
+    uint64_t offset = 0;
+    std::vector<uint64_t> offsets;
+    for (size_t i = 0; i < order.size(); ++i) {
+        const Tensor& t = *order[i];
+        put_string(t.name);
+        put(static_cast<uint32_t>(t.shape.size()));
+        for (auto dim = t.shape.rbegin(); dim != t.shape.rend(); ++dim) put(static_cast<uint64_t>(*dim));  // innermost first
+        put(static_cast<uint32_t>(dtype_block(types[i]).gguf_type));
+        put(offset);
+        offsets.push_back(offset);
+        offset += (dtype_bytes(types[i], t.elements()) + alignment - 1) / alignment * alignment;
+    }
+    header.resize((header.size() + alignment - 1) / alignment * alignment, '\0');
+
+    const std::filesystem::path part = out_path.string() + ".part";
+    std::ofstream out(part, std::ios::binary);
+    if (!out) fail(part.string(), ": cannot create");
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+
+    QuantizeReport report;
+    report.bytes_out = header.size();
+    std::vector<std::byte> blocks;
+    auto remove_part = [&] {  // a failed run leaves no half-written file behind
+        out.close();
+        std::error_code ignored;
+        std::filesystem::remove(part, ignored);
+    };
+    try {
+        for (size_t i = 0; i < order.size(); ++i) {
+            const Tensor& t = *order[i];
+            const DType type = types[i];
+            const int64_t width = t.cols(), rows = t.elements() / std::max<int64_t>(width, 1);
+            const uint64_t row_bytes = dtype_bytes(type, width);
+            blocks.assign(static_cast<size_t>(row_bytes * static_cast<uint64_t>(rows)), std::byte{0});
+            std::atomic<int64_t> bad_row{-1};  // a row holding NaN or infinity: no scale represents it
+            auto quantize_rows = [&](size_t begin, size_t end, int) {
+                std::vector<float> row(static_cast<size_t>(width));
+                for (size_t r = begin; r < end; ++r) {
+                    t.read_row(static_cast<int64_t>(r), row.data());
+                    if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) {
+                        bad_row = static_cast<int64_t>(r);
+                        return;
+                    }
+                    quantize_row(type, row.data(), blocks.data() + r * row_bytes, width);
+                }
+            };
+            if (options.pool) options.pool->run_sized(static_cast<size_t>(rows), static_cast<size_t>(t.elements()) * 16, quantize_rows);
+            else quantize_rows(0, static_cast<size_t>(rows), 0);
+            if (bad_row >= 0) fail(in_path.string(), ": tensor ", t.name, " row ", bad_row.load(), " holds NaN or infinity");
+            blocks.resize((blocks.size() + alignment - 1) / alignment * alignment, std::byte{0});
+            out.write(reinterpret_cast<const char*>(blocks.data()), static_cast<std::streamsize>(blocks.size()));
+            report.bytes_in += t.bytes();
+            report.bytes_out += blocks.size();
+            ++report.tensors_by_type[dtype_name(type)];
+            if (options.progress) options.progress(i + 1, order.size(), report.bytes_out, t.name);
+        }
+        close_written_file(out, part.string());
+    } catch (...) {
+        remove_part();
+        throw;
+    }
+    std::filesystem::rename(part, out_path);
+    return report;
+}
 
 }  // namespace infer

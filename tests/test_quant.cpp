@@ -204,3 +204,137 @@ TEST_CASE("Q5_0, Q5_1, Q2_K and Q3_K decode every weight where their layout puts
         }
     }
 }
+
+// ---- infer quantize ------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::filesystem::path quant_fixture(const std::string& type) {
+    return test::shared_dir() / "fixtures/quant" / type / ("model-" + type + ".gguf");
+}
+
+infer::GgufFile quantized_copy(const test::TempDir& dir, const std::string& type, bool pure) {
+    infer::QuantizeOptions options;
+    options.type = type;
+    options.pure = pure;
+    const std::filesystem::path out = dir / (type + (pure ? "-pure" : "") + ".gguf");
+    infer::quantize_gguf(quant_fixture("F32"), out, options);
+    return infer::read_gguf(out);
+}
+
+}  // namespace
+
+TEST_CASE("quantize: Q8_0, Q4_0, Q4_1 are byte-identical to llama-quantize's files of the same F32 model") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-exact");
+    for (const std::string type : {"Q8_0", "Q4_0", "Q4_1"}) {
+        CAPTURE(type);
+        const infer::GgufFile ours = quantized_copy(dir, type, true);
+        const infer::GgufFile theirs = infer::read_gguf(quant_fixture(type));
+        REQUIRE(ours.tensors.size() == theirs.tensors.size());
+        for (const auto& entry : theirs.tensors) {
+            const std::string& name = entry.first;
+            const infer::Tensor& reference = entry.second;
+            CAPTURE(name);
+            REQUIRE(ours.tensors.count(name) == 1);
+            const infer::Tensor& t = ours.tensors.at(name);
+            CHECK(t.dtype == reference.dtype);
+            CHECK(t.shape == reference.shape);
+            REQUIRE(t.bytes() == reference.bytes());
+            CHECK(std::memcmp(t.data, reference.data, t.bytes()) == 0);
+        }
+        // The metadata is carried over (file type and quantization version aside), with the types it was read with.
+        for (const auto& entry : theirs.metadata) {
+            const std::string& key = entry.first;
+            const auto& value = entry.second;
+            CAPTURE(key);
+            REQUIRE(ours.metadata.count(key) == 1);
+            CHECK(ours.metadata.at(key).value == value.value);
+            CHECK(ours.metadata.at(key).type == value.type);
+        }
+    }
+}
+
+TEST_CASE("quantize: the K-quants' own search leaves at most 10% more error than llama-quantize's, tensor by tensor") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-k");
+    const infer::GgufFile source = infer::read_gguf(quant_fixture("F32"));
+    for (const std::string type : {"Q4_K", "Q5_K", "Q6_K"}) {
+        CAPTURE(type);
+        const infer::GgufFile ours = quantized_copy(dir, type, true);
+        const infer::Json manifest = infer::Json::parse(infer::read_text_file(test::shared_dir() / "fixtures/quant" / type / "manifest.json"));
+        double ratio_sum = 0;
+        int quantized = 0;
+        for (const infer::Json& entry : manifest.at("tensors").as_array()) {
+            const std::string name = entry.at("name").as_string();
+            if (entry.at("type").as_string() == "F32") continue;
+            CAPTURE(name);
+            const infer::Tensor& t = ours.tensors.at(name);
+            REQUIRE(infer::dtype_name(t.dtype) == entry.at("type").as_string());
+            const infer::Tensor& f32 = source.tensors.at(name);
+            std::vector<float> row(static_cast<size_t>(t.cols())), exact(row.size());
+            double squares = 0;
+            for (int64_t r = 0; r < t.rows(); ++r) {
+                t.read_row(r, row.data());
+                f32.read_row(r, exact.data());
+                for (size_t i = 0; i < row.size(); ++i) squares += double(row[i] - exact[i]) * double(row[i] - exact[i]);
+            }
+            const double rms = std::sqrt(squares / static_cast<double>(t.elements()));
+            const double theirs = entry.at("quantization_error_vs_f32_source").at("rms").as_number();
+            CHECK(rms <= 1.10 * theirs);
+            ratio_sum += rms / theirs;
+            ++quantized;
+        }
+        MESSAGE(type << ": RMS error " << ratio_sum / quantized << "x llama-quantize's on average over " << quantized << " tensors");
+    }
+}
+
+TEST_CASE("quantize: Q4_K_M gives the same tensors more bits as llama-quantize, and the file runs") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-mix");
+    const infer::GgufFile ours = quantized_copy(dir, "Q4_K_M", false);
+    const infer::GgufFile theirs = infer::read_gguf(quant_fixture("Q4_K_M"));
+    for (const auto& entry : theirs.tensors) {
+        const std::string& name = entry.first;
+        CAPTURE(name);
+        CHECK(ours.tensors.at(name).dtype == entry.second.dtype);
+    }
+    CHECK(ours.integer("general.file_type") == 15);
+    // Its logits stay as close to the F32 model's as llama.cpp's own Q4_K_M file does (positions of sequence A).
+    const infer::Model f32 = infer::load_model(quant_fixture("F32"));
+    const infer::Model mine = infer::load_model(dir / "Q4_K_M.gguf");
+    const infer::Model llama = infer::load_model(quant_fixture("Q4_K_M"));
+    const std::vector<int> ids = {1, 17, 99, 204, 311, 42, 7, 480};
+    const std::vector<float> exact = prefill_logits(f32, ids), ours_logits = prefill_logits(mine, ids),
+                             their_logits = prefill_logits(llama, ids);
+    const Difference ours_error = difference(ours_logits, exact), their_error = difference(their_logits, exact);
+    MESSAGE("logit RMS vs F32: ours " << ours_error.rms << ", llama-quantize's " << their_error.rms);
+    CHECK(ours_error.rms <= 1.10 * their_error.rms);
+}
+
+TEST_CASE("quantize: unknown types, quantized inputs and non-finite weights are refused, leaving no file") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-bad");
+    infer::QuantizeOptions options;
+    options.type = "Q3_K_XL";
+    std::string message = test::error_of([&] { infer::quantize_gguf(quant_fixture("F32"), dir / "a.gguf", options); });
+    CHECK(message.find("Q3_K_XL") != std::string::npos);
+    CHECK(message.find("Q4_K_M") != std::string::npos);  // the list of supported ones
+    options.type = "Q8_0";
+    message = test::error_of([&] { infer::quantize_gguf(quant_fixture("Q4_0"), dir / "b.gguf", options); });
+    CHECK(message.find("already Q4_0") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(dir / "b.gguf"));
+
+    // A NaN in the middle of a matrix: named by tensor and row; neither the output nor its .part remains.
+    std::string bytes = infer::read_text_file(quant_fixture("F32"));
+    const infer::GgufFile source = infer::read_gguf(quant_fixture("F32"));
+    const infer::Tensor& wq = source.tensors.at("blk.0.attn_q.weight");
+    const size_t at = static_cast<size_t>(wq.data - source.file->data()) + 5 * 256 * 4 + 3 * 4;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(&bytes[at], &nan, 4);
+    test::write_file(dir / "nan.gguf", bytes);
+    message = test::error_of([&] { infer::quantize_gguf(dir / "nan.gguf", dir / "c.gguf", options); });
+    CHECK(message.find("blk.0.attn_q.weight row 5") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(dir / "c.gguf"));
+    CHECK_FALSE(std::filesystem::exists(dir / "c.gguf.part"));
+}

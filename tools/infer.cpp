@@ -21,6 +21,8 @@
 //   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
 //   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
+//   infer quantize -m IN.gguf -o OUT.gguf --type Q8_0|Q4_0|Q4_K_M|...  [--pure] [-t THREADS]
+//                                               a float GGUF rewritten with quantized matrices (appendix I)
 //   infer pull ORG/NAME[:QUANT|/FILE]           from the Hugging Face hub into its cache (hub.cpp); -m hf:... and
 //                                               -hf/-hff pull the same way for every command that takes a model
 //
@@ -74,6 +76,9 @@ const char* usage_text = R"(usage:
   infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
   infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
+  infer quantize -m IN.gguf -o OUT.gguf --type TYPE [--pure] [-t THREADS]
+                                                IN's matrices quantized; TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
+                                                Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (--pure: no per-tensor exceptions)
   infer pull ORG/NAME[:QUANT|/FILE]             downloads from the Hugging Face hub into its cache, prints the path
 
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
@@ -654,6 +659,37 @@ int run_make_model(const CommandLine& options) {
     return 0;
 }
 
+// A float GGUF to a quantized one, with a progress line on stderr (rewritten in place on a terminal).
+int run_quantize(const CommandLine& options) {
+    if (!options.has("-m") || !options.has("-o") || !options.has("--type"))
+        infer::fail("infer quantize needs -m IN.gguf -o OUT.gguf --type TYPE (e.g. Q4_K_M)");
+    const std::filesystem::path in = options.text("-m"), out = options.text("-o");
+    if (std::filesystem::is_directory(in))
+        infer::fail(in.string(), ": infer quantize reads a GGUF file (F32, F16 or BF16 weights); a Hugging Face folder ",
+                    "must be converted to GGUF first");
+    infer::ThreadPool pool(thread_count(options));
+    infer::QuantizeOptions quantize;
+    quantize.type = options.text("--type");
+    quantize.pure = options.has("--pure");
+    quantize.pool = &pool;
+    const bool terminal = isatty(STDERR_FILENO);
+    quantize.progress = [terminal](size_t done, size_t total, uint64_t bytes, const std::string& name) {
+        const int width = 30, filled = static_cast<int>(width * done / std::max<size_t>(total, 1));
+        std::fprintf(stderr, "%s[%s%s] %zu/%zu tensors, %.1f MB  %-40s%s", terminal ? "\r" : "",
+                     std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), ' ').c_str(),
+                     done, total, static_cast<double>(bytes) / 1e6, name.c_str(), terminal && done < total ? "" : "\n");
+    };
+    infer::Stopwatch clock;
+    const infer::QuantizeReport report = infer::quantize_gguf(in, out, quantize);
+    std::string types;
+    for (const auto& [type, count] : report.tensors_by_type) types += (types.empty() ? "" : ", ") + std::to_string(count) + " " + type;
+    std::fprintf(stderr, "wrote %s: %.1f MB from %.1f MB (%.2fx smaller) in %.1f s; tensors: %s\n", out.c_str(),
+                 static_cast<double>(report.bytes_out) / 1e6, static_cast<double>(report.bytes_in) / 1e6,
+                 static_cast<double>(report.bytes_in) / static_cast<double>(std::max<uint64_t>(report.bytes_out, 1)),
+                 clock.seconds(), types.c_str());
+    return 0;
+}
+
 }  // namespace
 
 int run_command(int argc, char** argv) {
@@ -708,6 +744,8 @@ int run_command(int argc, char** argv) {
                                           {"-o", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab",
                                            "--context", "--dtype", "--seed"},
                                           {"--tied"}, usage_text));
+        if (command == "quantize")
+            return run_quantize(CommandLine(argc, argv, 2, {"-m", "-o", "--type", "-t"}, {"--pure"}, usage_text));
         if (command == "--version" || command == "version") {
             std::cout << "infer " << INFER_VERSION_STRING << '\n';
             return 0;
