@@ -79,8 +79,9 @@
 // pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
-// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks, which are decoded to f32 a tile of rows
-// at a time (no integer kernels yet; IQ* and TQ* types are refused by name); the tokenizer reads BPE tokenizers only
+// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K through
+// integer kernels on 8-bit activations, the others decoded to f32 a tile of rows at a time; IQ* and TQ* types are
+// refused by name); `infer quantize` writes all but Q2_K and Q3_K; the tokenizer reads BPE tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
 //
@@ -2120,6 +2121,29 @@ inline void matmul_rows(const Tensor& w, const float* x, int T, float* out, size
 // kernel above, so the arithmetic, and batch invariance, are exactly those of the decoded weights stored as F32.
 inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, float* out, size_t row_begin, size_t row_end);
 
+// Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights take the integer path instead, as llama.cpp does: the activations are
+// quantized once per call to 8-bit blocks with a scale each (QuantizedRows), every block product is an exact integer
+// dot of int8 values, and only the scales are applied in f32, one block at a time in a fixed order, so batch invariance
+// holds here too. Fewer bytes per weight and 32 multiply-adds per instruction: appendix H.
+//
+// Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
+// f16) for Q8_0 and Q4_0 weights, its Q8_K (blocks of 256, d = −max/127 kept in f32, where max is the element of
+// largest magnitude with its sign, plus the sum of each 16 values) for the K-quants. Rounding is to nearest, ties to
+// even, as its x86 build does, so the blocks are bit-identical to llama.cpp's.
+struct QuantizedRows {
+    int block = 32;
+    std::vector<int8_t> q;       // [T, K]
+    std::vector<float> d;        // [T, K / block]
+    std::vector<int16_t> sums;   // [T, K / 16], Q8_K only: what the K-quants' minimums multiply
+};
+
+inline bool has_integer_kernel(DType dtype) {
+    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
+}
+inline int activation_block(DType dtype) { return dtype == DType::Q8_0 || dtype == DType::Q4_0 ? 32 : 256; }
+inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
+inline void matmul_rows_integer(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end);
+
 // One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
 struct Product {
     const Tensor& w;
@@ -2132,6 +2156,17 @@ struct Product {
 inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
     size_t total_rows = 0;
     for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
+    // The integer kernels' activations, quantized once here for every product and thread that needs them. The buffers
+    // are the calling thread's; the workers reach them through these references (a lambda would name their own).
+    thread_local QuantizedRows buffer_32, buffer_256;
+    QuantizedRows& x_by_32 = buffer_32;
+    QuantizedRows& x_by_256 = buffer_256;
+    const size_t K = static_cast<size_t>(products.begin()->w.cols());
+    bool need_32 = false, need_256 = false;
+    for (const Product& p : products)
+        if (has_integer_kernel(p.w.dtype)) (activation_block(p.w.dtype) == 32 ? need_32 : need_256) = true;
+    if (need_32) quantize_activations(x, T, K, 32, x_by_32);
+    if (need_256) quantize_activations(x, T, K, 256, x_by_256);
     auto rows = [&](size_t begin, size_t end, int) {
         size_t first_row = 0;  // of the current product, in the concatenated numbering
         for (const Product& p : products) {
@@ -2144,6 +2179,11 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
                     case DType::F32: matmul_rows<DType::F32>(p.w, x, T, p.out, from, to); break;
                     case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
                     case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
+                    case DType::Q8_0:
+                    case DType::Q4_0: matmul_rows_integer(p.w, x_by_32, T, p.out, from, to); break;
+                    case DType::Q4_K:
+                    case DType::Q5_K:
+                    case DType::Q6_K: matmul_rows_integer(p.w, x_by_256, T, p.out, from, to); break;
                     default: matmul_rows_dequantized(p.w, x, T, p.out, from, to); break;
                 }
                 if (p.bias && !p.bias->empty())
@@ -6827,6 +6867,8 @@ inline void dot_row_avx2(const std::byte* row, const float* x, size_t x_stride, 
     for (size_t k = 0; k < K16; k += 16) {
         __m256 w_low, w_high;
         load16<dtype>(row, k, w_low, w_high);
+        // Unrolled, so the 2·NT accumulators stay in registers (-O2 alone leaves this loop rolled, and halves prefill).
+#pragma GCC unroll 4
         for (int j = 0; j < NT; ++j) {
             acc_low[j] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + j * x_stride + k), acc_low[j]);
             acc_high[j] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + j * x_stride + k + 8), acc_high[j]);
@@ -7015,6 +7057,23 @@ inline float f16_at(const std::byte* p) {
     return f16_to_f32(half);
 }
 inline uint8_t byte_at(const std::byte* p, size_t i) { return static_cast<uint8_t>(p[i]); }
+inline void put_f16(std::byte* p, float value) {
+    const uint16_t half = f32_to_f16(value);
+    std::memcpy(p, &half, 2);
+}
+inline float f16_round(float value) { return f16_to_f32(f32_to_f16(value)); }  // what a stored f16 reads back as
+
+// The element of largest magnitude, its sign kept (the first on ties): Q4_0 and Q5_0 map it to their most negative
+// level, so the sign of d carries the sign of the extreme and the full range −8…7 (−16…15) is used.
+inline float signed_extreme(const float* x, int n) {
+    float amax = 0.0f, extreme = 0.0f;
+    for (int k = 0; k < n; ++k)
+        if (amax < std::fabs(x[k])) {
+            amax = std::fabs(x[k]);
+            extreme = x[k];
+        }
+    return extreme;
+}
 
 // Q8_0, 34 bytes: d (f16), q[32] (int8). w = d·q.
 inline void dequantize_q8_0(const std::byte* b, float* y) {
@@ -7204,6 +7263,172 @@ inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, floa
     }
 }
 
+// ---- Integer kernels: quantized activations times quantized weights ----------------------------------------------
+
+inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out) {
+    const size_t blocks = K / static_cast<size_t>(block);
+    out.block = block;
+    out.q.resize(static_cast<size_t>(T) * K);
+    out.d.resize(static_cast<size_t>(T) * blocks);
+    out.sums.resize(block == 256 ? static_cast<size_t>(T) * (K / 16) : 0);
+    for (size_t b = 0; b < static_cast<size_t>(T) * blocks; ++b) {
+        const float* v = x + b * static_cast<size_t>(block);
+        int8_t* q = out.q.data() + b * static_cast<size_t>(block);
+        if (block == 32) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+            const float scale = amax != 0.0f ? 127.0f / amax : 0.0f;
+            out.d[b] = f16_round(amax / 127.0f);
+            for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * scale));
+        } else {
+            const float extreme = signed_extreme(v, 256);
+            const float scale = extreme != 0.0f ? -127.0f / extreme : 0.0f;
+            out.d[b] = extreme != 0.0f ? 1.0f / scale : 0.0f;
+            for (int i = 0; i < 256; ++i) q[i] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(v[i] * scale)));
+            for (int g = 0; g < 16; ++g) {
+                int sum = 0;
+                for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+                out.sums[b * 16 + static_cast<size_t>(g)] = static_cast<int16_t>(sum);
+            }
+        }
+    }
+}
+
+// Σ a[i]·b[i] over n int8 values (n a multiple of 16), in int32: exact, so the SIMD and the plain loop agree to the bit.
+// AVX2 multiplies 32 pairs per instruction: maddubs takes an unsigned and a signed operand, so a's sign moves onto b.
+inline int32_t dot_i8(const int8_t* a, const int8_t* b, int n) {
+#ifdef INFER_HAVE_AVX2
+    __m128i sum = _mm_setzero_si128();
+    int i = 0;
+    if (n >= 32) {
+        __m256i acc = _mm256_setzero_si256();
+        for (; i + 32 <= n; i += 32) {
+            const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+            const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i));
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        }
+        sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    }
+    for (; i + 16 <= n; i += 16) {
+        const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+        const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+        const __m128i pairs = _mm_maddubs_epi16(_mm_sign_epi8(va, va), _mm_sign_epi8(vb, va));
+        sum = _mm_add_epi32(sum, _mm_madd_epi16(pairs, _mm_set1_epi16(1)));
+    }
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
+    return _mm_cvtsi128_si32(sum);
+#else
+    int32_t sum = 0;
+    for (int i = 0; i < n; ++i) sum += static_cast<int32_t>(a[i]) * static_cast<int32_t>(b[i]);
+    return sum;
+#endif
+}
+
+// One weight row unpacked for the integer dot: its q as int8 (Q4_0 and Q6_K with their offsets removed), the f16
+// scales widened to f32, and the K-quants' 6- or 8-bit sub-block scales and minimums as integers.
+struct UnpackedRow {
+    std::vector<int8_t> q;
+    std::vector<float> d, dmin;   // per block (32 weights for Q8_0/Q4_0, 256 for the K-quants)
+    std::vector<int> scale, min;  // per sub-block (32 weights in Q4_K/Q5_K, 16 in Q6_K)
+};
+
+inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow& u) {
+    const DTypeBlock& block = dtype_block(dtype);
+    const size_t blocks = K / static_cast<size_t>(block.elements);
+    u.q.resize(K);
+    u.d.resize(blocks);
+    u.dmin.resize(blocks);
+    u.scale.resize(dtype == DType::Q6_K ? blocks * 16 : blocks * 8);
+    u.min.resize(u.scale.size());
+    for (size_t b = 0; b < blocks; ++b, row += block.bytes) {
+        int8_t* q = u.q.data() + b * static_cast<size_t>(block.elements);
+        if (dtype == DType::Q8_0) {
+            u.d[b] = f16_at(row);
+            std::memcpy(q, row + 2, 32);
+        } else if (dtype == DType::Q4_0) {
+            u.d[b] = f16_at(row);
+            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + 2);
+            for (int k = 0; k < 16; ++k) {
+                q[k] = static_cast<int8_t>((qs[k] & 0x0F) - 8);
+                q[k + 16] = static_cast<int8_t>((qs[k] >> 4) - 8);
+            }
+        } else if (dtype == DType::Q6_K) {
+            u.d[b] = f16_at(row + 208);
+            for (int i = 0; i < 16; ++i) u.scale[b * 16 + static_cast<size_t>(i)] = static_cast<int8_t>(byte_at(row + 192, i));
+            // The layout of dequantize_q6_k, a half (h) of 128 weights at a time, so the loop over l vectorizes: the
+            // four groups of 32 take the low and high nibbles of ql[64h + l] and ql[64h + 32 + l], and two bits each of
+            // qh[32h + l].
+            const uint8_t* ql = reinterpret_cast<const uint8_t*>(row);
+            const uint8_t* qh = reinterpret_cast<const uint8_t*>(row + 128);
+            for (int h = 0; h < 2; ++h)
+                for (int l = 0; l < 32; ++l) {
+                    const int first = ql[64 * h + l], second = ql[64 * h + 32 + l], high = qh[32 * h + l];
+                    q[128 * h + l] = static_cast<int8_t>(((first & 0x0F) | (high & 3) << 4) - 32);
+                    q[128 * h + 32 + l] = static_cast<int8_t>(((second & 0x0F) | ((high >> 2) & 3) << 4) - 32);
+                    q[128 * h + 64 + l] = static_cast<int8_t>(((first >> 4) | ((high >> 4) & 3) << 4) - 32);
+                    q[128 * h + 96 + l] = static_cast<int8_t>(((second >> 4) | ((high >> 6) & 3) << 4) - 32);
+                }
+        } else {  // Q4_K, Q5_K: the layout of dequantize_q45_k
+            const bool five_bits = dtype == DType::Q5_K;
+            u.d[b] = f16_at(row);
+            u.dmin[b] = f16_at(row + 2);
+            for (int j = 0; j < 8; ++j) k_scale_min(row + 4, j, u.scale[b * 8 + static_cast<size_t>(j)], u.min[b * 8 + static_cast<size_t>(j)]);
+            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + (five_bits ? 48 : 16));
+            const uint8_t* qh = reinterpret_cast<const uint8_t*>(row + 16);
+            for (int g = 0; g < 4; ++g)
+                for (int l = 0; l < 32; ++l) {
+                    const int fifth_low = five_bits ? ((qh[l] >> (2 * g)) & 1) << 4 : 0;
+                    const int fifth_high = five_bits ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
+                    q[64 * g + l] = static_cast<int8_t>((qs[32 * g + l] & 0x0F) | fifth_low);
+                    q[64 * g + 32 + l] = static_cast<int8_t>((qs[32 * g + l] >> 4) | fifth_high);
+                }
+        }
+    }
+}
+
+// dot(weight row, activation row t): exact integer sums per block, then the block's scales in f32, blocks in order.
+//   Q8_0, Q4_0:  Σ_b (d_w·d_x) · Σ q_w·q_x
+//   Q4_K, Q5_K:  Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 32)
+//   Q6_K:        Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
+inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows& x, size_t K, int t) {
+    const int8_t* xq = x.q.data() + static_cast<size_t>(t) * K;
+    const size_t blocks = K / static_cast<size_t>(x.block);
+    const float* xd = x.d.data() + static_cast<size_t>(t) * blocks;
+    float sum = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+        const int8_t* wq = w.q.data() + b * static_cast<size_t>(x.block);
+        const int8_t* bq = xq + b * static_cast<size_t>(x.block);
+        if (x.block == 32) {
+            sum += (w.d[b] * xd[b]) * static_cast<float>(dot_i8(wq, bq, 32));
+        } else if (dtype == DType::Q6_K) {
+            int32_t scaled = 0;
+            for (int j = 0; j < 16; ++j) scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
+            sum += xd[b] * (w.d[b] * static_cast<float>(scaled));
+        } else {
+            const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
+            int32_t scaled = 0, mins = 0;
+            for (int j = 0; j < 8; ++j) {
+                scaled += w.scale[b * 8 + static_cast<size_t>(j)] * dot_i8(wq + 32 * j, bq + 32 * j, 32);
+                mins += w.min[b * 8 + static_cast<size_t>(j)] * (sums[2 * j] + sums[2 * j + 1]);
+            }
+            sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
+        }
+    }
+    return sum;
+}
+
+inline void matmul_rows_integer(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(w.dtype, static_cast<int64_t>(K)));
+    thread_local UnpackedRow row;  // unpacked once, then used by every token of the call
+    for (size_t n = row_begin; n < row_end; ++n) {
+        unpack_row(w.dtype, w.data + n * row_bytes, K, row);
+        for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = dot_unpacked(w.dtype, row, x, K, t);
+    }
+}
+
 }  // namespace detail
 
 // ==== I QUANTIZING ===================================================================================================
@@ -7216,11 +7441,6 @@ inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, floa
 
 namespace detail {
 
-inline void put_f16(std::byte* p, float value) {
-    const uint16_t half = f32_to_f16(value);
-    std::memcpy(p, &half, 2);
-}
-inline float f16_round(float value) { return f16_to_f32(f32_to_f16(value)); }  // what a stored f16 reads back as
 
 // Q8_0: d = max|x| / 127 (stored as f16), q = round(x · (1/d)), ties away from zero: the reference's exact order.
 inline void quantize_q8_0(const float* x, std::byte* b) {
@@ -7229,18 +7449,6 @@ inline void quantize_q8_0(const float* x, std::byte* b) {
     const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
     put_f16(b, d);
     for (int k = 0; k < 32; ++k) b[2 + k] = static_cast<std::byte>(static_cast<int8_t>(std::round(x[k] * inverse)));
-}
-
-// The element of largest magnitude, its sign kept (the first on ties): Q4_0 and Q5_0 map it to their most negative
-// level, so the sign of d carries the sign of the extreme and the full range −8…7 (−16…15) is used.
-inline float signed_extreme(const float* x, int n) {
-    float amax = 0.0f, extreme = 0.0f;
-    for (int k = 0; k < n; ++k)
-        if (amax < std::fabs(x[k])) {
-            amax = std::fabs(x[k]);
-            extreme = x[k];
-        }
-    return extreme;
 }
 
 // Q4_0 / Q5_0: d = extreme / −8 (−16), q = min(top, trunc(x/d + half_range + 0.5)). Q4_1 / Q5_1: d = (max − min) /
@@ -7534,82 +7742,101 @@ struct QuantizeReport {
     std::map<std::string, size_t> tensors_by_type;  // "Q4_K" → how many tensors got it
 };
 
-// Rewrites a GGUF file (F32, F16 or BF16 weights) with its matrices quantized: the metadata is copied as it was
-// (with general.file_type and general.quantization_version set), the tensors keep their order and names, the data
-// section is aligned as the input says. The output is written to `out_path` + ".part" and renamed when complete.
-inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
-                                    const QuantizeOptions& options) {
-    const QuantRecipe& recipe = quant_recipe(options.type);
-    const GgufFile in = read_gguf(in_path);
-    const std::string arch = in.string_or("general.architecture", "");
-    const int n_layers = static_cast<int>(in.integer_or(arch + ".block_count", 0));
+// One tensor for write_gguf: name, shape (outermost first), the type it is stored in, and what fills its bytes
+// (`fill(bytes)`, called once, with room for exactly its bytes).
+struct GgufTensorOut {
+    std::string name;
+    std::vector<int64_t> shape;
+    DType type = DType::F32;
+    std::function<void(std::byte*)> fill;
+};
 
-    // The tensors in the file's own order (the map holds them by name; their data pointers give the order).
-    std::vector<const Tensor*> order;
-    for (const auto& [name, tensor] : in.tensors) order.push_back(&tensor);
-    std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) { return a->data < b->data; });
-    const bool has_output = in.tensors.count("output.weight") > 0;
-
-    uint64_t alignment = static_cast<uint64_t>(in.integer_or("general.alignment", 32));
-    std::vector<DType> types;
-    for (const Tensor* t : order) {
-        if (is_quantized(t->dtype))
-            fail(in_path.string(), ": tensor ", t->name, " is already ", dtype_name(t->dtype),
-                 "; quantize from a file whose weights are F32, F16 or BF16");
-        types.push_back(quantized_type_for(recipe, t->name, t->shape, n_layers, has_output, options.pure));
-    }
-
-    // Header: magic, version, counts, the metadata, then each tensor's info with its offset in the data section.
+// A GGUF v3 file: magic, version, counts, the metadata (each value in its own type), the tensor infos with their
+// offsets, then the data, each tensor aligned. Written to `path` + ".part", renamed when complete: a failure leaves
+// nothing behind. `progress(done, total, bytes written, name)` is called after each tensor.
+inline void write_gguf(const std::filesystem::path& path, const std::map<std::string, detail::GgufValue>& metadata,
+                       const std::vector<GgufTensorOut>& tensors, uint64_t alignment,
+                       const std::function<void(size_t, size_t, uint64_t, const std::string&)>& progress = {}) {
     std::string header = "GGUF";
     auto put = [&header](auto value) { header.append(reinterpret_cast<const char*>(&value), sizeof value); };
     auto put_string = [&](const std::string& text) {
         put(uint64_t{text.size()});
         header += text;
     };
-    std::map<std::string, detail::GgufValue> metadata = in.metadata;
-    metadata["general.file_type"] = detail::GgufValue{int64_t{recipe.file_type}, detail::U32, 0};
-    metadata["general.quantization_version"] = detail::GgufValue{int64_t{2}, detail::U32, 0};
+    auto aligned = [alignment](uint64_t size) { return (size + alignment - 1) / alignment * alignment; };
     put(uint32_t{3});
-    put(uint64_t{order.size()});
+    put(uint64_t{tensors.size()});
     put(uint64_t{metadata.size()});
     for (const auto& [key, value] : metadata) {
         put_string(key);
         detail::gguf_append_value(header, value);
     }
     uint64_t offset = 0;
-    std::vector<uint64_t> offsets;
-    for (size_t i = 0; i < order.size(); ++i) {
-        const Tensor& t = *order[i];
+    for (const GgufTensorOut& t : tensors) {
         put_string(t.name);
         put(static_cast<uint32_t>(t.shape.size()));
         for (auto dim = t.shape.rbegin(); dim != t.shape.rend(); ++dim) put(static_cast<uint64_t>(*dim));  // innermost first
-        put(static_cast<uint32_t>(dtype_block(types[i]).gguf_type));
+        put(static_cast<uint32_t>(dtype_block(t.type).gguf_type));
         put(offset);
-        offsets.push_back(offset);
-        offset += (dtype_bytes(types[i], t.elements()) + alignment - 1) / alignment * alignment;
+        offset += aligned(dtype_bytes(t.type, detail::checked_element_count(t.shape, t.name)));
     }
-    header.resize((header.size() + alignment - 1) / alignment * alignment, '\0');
+    header.resize(aligned(header.size()), '\0');
 
-    const std::filesystem::path part = out_path.string() + ".part";
+    const std::filesystem::path part = path.string() + ".part";
     std::ofstream out(part, std::ios::binary);
     if (!out) fail(part.string(), ": cannot create");
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-
-    QuantizeReport report;
-    report.bytes_out = header.size();
-    std::vector<std::byte> blocks;
-    auto remove_part = [&] {  // a failed run leaves no half-written file behind
+    try {
+        out.write(header.data(), static_cast<std::streamsize>(header.size()));
+        uint64_t written = header.size();
+        std::vector<std::byte> bytes;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+            const GgufTensorOut& t = tensors[i];
+            bytes.assign(static_cast<size_t>(dtype_bytes(t.type, detail::checked_element_count(t.shape, t.name))), std::byte{0});
+            t.fill(bytes.data());
+            bytes.resize(static_cast<size_t>(aligned(bytes.size())), std::byte{0});
+            out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+            written += bytes.size();
+            if (progress) progress(i + 1, tensors.size(), written, t.name);
+        }
+        close_written_file(out, part.string());
+    } catch (...) {
         out.close();
         std::error_code ignored;
         std::filesystem::remove(part, ignored);
-    };
-    try {
-        for (size_t i = 0; i < order.size(); ++i) {
-            const Tensor& t = *order[i];
-            const DType type = types[i];
+        throw;
+    }
+    std::filesystem::rename(part, path);
+}
+
+// Rewrites a GGUF file (F32, F16 or BF16 weights) with its matrices quantized: the metadata is copied as it was
+// (with general.file_type and general.quantization_version set), the tensors keep their order and names, the data
+// section is aligned as the input says.
+inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
+                                    const QuantizeOptions& options) {
+    const QuantRecipe& recipe = quant_recipe(options.type);
+    const GgufFile in = read_gguf(in_path);
+    const std::string arch = in.string_or("general.architecture", "");
+    const int n_layers = static_cast<int>(in.integer_or(arch + ".block_count", 0));
+    const bool has_output = in.tensors.count("output.weight") > 0;
+
+    // The tensors in the file's own order (the map holds them by name; their data pointers give the order).
+    std::vector<const Tensor*> order;
+    for (const auto& [name, tensor] : in.tensors) order.push_back(&tensor);
+    std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) { return a->data < b->data; });
+
+    QuantizeReport report;
+    std::vector<GgufTensorOut> tensors;
+    for (const Tensor* source : order) {
+        const Tensor& t = *source;
+        if (is_quantized(t.dtype))
+            fail(in_path.string(), ": tensor ", t.name, " is already ", dtype_name(t.dtype),
+                 "; quantize from a file whose weights are F32, F16 or BF16");
+        const DType type = quantized_type_for(recipe, t.name, t.shape, n_layers, has_output, options.pure);
+        report.bytes_in += t.bytes();
+        ++report.tensors_by_type[dtype_name(type)];
+        auto fill = [&t, type, &in_path, pool = options.pool](std::byte* blocks) {
             const int64_t width = t.cols(), rows = t.elements() / std::max<int64_t>(width, 1);
             const uint64_t row_bytes = dtype_bytes(type, width);
-            blocks.assign(static_cast<size_t>(row_bytes * static_cast<uint64_t>(rows)), std::byte{0});
             std::atomic<int64_t> bad_row{-1};  // a row holding NaN or infinity: no scale represents it
             auto quantize_rows = [&](size_t begin, size_t end, int) {
                 std::vector<float> row(static_cast<size_t>(width));
@@ -7619,26 +7846,93 @@ inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const 
                         bad_row = static_cast<int64_t>(r);
                         return;
                     }
-                    quantize_row(type, row.data(), blocks.data() + r * row_bytes, width);
+                    quantize_row(type, row.data(), blocks + r * row_bytes, width);
                 }
             };
-            if (options.pool) options.pool->run_sized(static_cast<size_t>(rows), static_cast<size_t>(t.elements()) * 16, quantize_rows);
+            if (pool) pool->run_sized(static_cast<size_t>(rows), static_cast<size_t>(t.elements()) * 16, quantize_rows);
             else quantize_rows(0, static_cast<size_t>(rows), 0);
             if (bad_row >= 0) fail(in_path.string(), ": tensor ", t.name, " row ", bad_row.load(), " holds NaN or infinity");
-            blocks.resize((blocks.size() + alignment - 1) / alignment * alignment, std::byte{0});
-            out.write(reinterpret_cast<const char*>(blocks.data()), static_cast<std::streamsize>(blocks.size()));
-            report.bytes_in += t.bytes();
-            report.bytes_out += blocks.size();
-            ++report.tensors_by_type[dtype_name(type)];
-            if (options.progress) options.progress(i + 1, order.size(), report.bytes_out, t.name);
-        }
-        close_written_file(out, part.string());
-    } catch (...) {
-        remove_part();
-        throw;
+        };
+        tensors.push_back({t.name, t.shape, type, fill});
     }
-    std::filesystem::rename(part, out_path);
+    std::map<std::string, detail::GgufValue> metadata = in.metadata;
+    metadata["general.file_type"] = detail::GgufValue{int64_t{recipe.file_type}, detail::U32, 0};
+    metadata["general.quantization_version"] = detail::GgufValue{int64_t{2}, detail::U32, 0};
+    const uint64_t alignment = static_cast<uint64_t>(in.integer_or("general.alignment", 32));
+    write_gguf(out_path, metadata, tensors, alignment, [&](size_t done, size_t total, uint64_t bytes, const std::string& name) {
+        report.bytes_out = bytes;
+        if (options.progress) options.progress(done, total, bytes, name);
+    });
     return report;
+}
+
+// A random-weight Llama written as GGUF (F32, F16 or BF16), with a stand-in vocabulary (the control tokens, the 256
+// byte tokens, then filler pieces): a file of any shape that both infer and llama.cpp load, for benchmarks of
+// `infer quantize`'s outputs. Its text is meaningless, its cost per token that of a trained model of the same shape.
+inline void save_random_model_gguf(const std::filesystem::path& path, const ModelShape& shape, DType dtype, uint64_t seed) {
+    const ModelConfig c = config_for_shape(shape);
+    detail::validate_config(c, path.string());
+    using detail::GgufValue;
+    auto integer = [](int64_t value) { return GgufValue{value, detail::U32, 0}; };
+    auto number = [](double value) { return GgufValue{value, detail::F32, 0}; };
+    auto text = [](std::string value) { return GgufValue{std::move(value), detail::STRING, 0}; };
+    std::map<std::string, GgufValue> metadata = {
+        {"general.architecture", text("llama")},
+        {"general.name", text("random")},
+        {"general.file_type", integer(dtype == DType::F32 ? 0 : dtype == DType::F16 ? 1 : 32)},
+        {"llama.block_count", integer(c.n_layers)},
+        {"llama.context_length", integer(c.context_length)},
+        {"llama.embedding_length", integer(c.dim)},
+        {"llama.feed_forward_length", integer(c.ffn_dim)},
+        {"llama.attention.head_count", integer(c.n_heads)},
+        {"llama.attention.head_count_kv", integer(c.n_kv_heads)},
+        {"llama.attention.layer_norm_rms_epsilon", number(1e-5)},
+        {"llama.rope.freq_base", number(10000.0)},
+        {"llama.rope.dimension_count", integer(c.head_dim)},
+        {"llama.vocab_size", integer(c.vocab_size)},
+        {"tokenizer.ggml.model", text("llama")},
+        {"tokenizer.ggml.bos_token_id", integer(1)},
+        {"tokenizer.ggml.eos_token_id", integer(2)},
+        {"tokenizer.ggml.unknown_token_id", integer(0)},
+    };
+    std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
+    std::vector<int64_t> types = {2, 3, 3};  // unknown, control, control
+    for (int byte = 0; byte < 256 && static_cast<int>(pieces.size()) < c.vocab_size; ++byte) {
+        char spelled[8];
+        std::snprintf(spelled, sizeof spelled, "<0x%02X>", byte);
+        pieces.push_back(spelled);
+        types.push_back(6);  // byte
+    }
+    while (static_cast<int>(pieces.size()) < c.vocab_size) {
+        pieces.push_back("\xE2\x96\x81t" + std::to_string(pieces.size()));
+        types.push_back(1);  // normal
+    }
+    metadata["tokenizer.ggml.tokens"] = GgufValue{pieces, detail::ARRAY, detail::STRING};
+    metadata["tokenizer.ggml.scores"] = GgufValue{std::vector<double>(pieces.size(), 0.0), detail::ARRAY, detail::F32};
+    metadata["tokenizer.ggml.token_type"] = GgufValue{types, detail::ARRAY, detail::I32};
+
+    // The same weights as save_random_model, under GGUF's names.
+    static const std::pair<const char*, const char*> renames[] = {
+        {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+        {"lm_head.weight", "output.weight"},                {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},       {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},            {"mlp.down_proj.weight", "ffn_down.weight"}};
+    const std::vector<TensorData> weights = random_weights(shape, dtype, seed);
+    std::vector<GgufTensorOut> tensors;
+    for (const TensorData& w : weights) {
+        std::string name = w.name;
+        for (const auto& [from, to] : renames) {
+            const std::string layer_prefix = "model.layers.";
+            if (name == from) name = to;
+            else if (name.rfind(layer_prefix, 0) == 0 && name.size() > std::strlen(from) &&
+                     name.compare(name.size() - std::strlen(from), std::string::npos, from) == 0)
+                name = "blk." + name.substr(layer_prefix.size(), name.find('.', layer_prefix.size()) - layer_prefix.size()) + "." + to;
+        }
+        tensors.push_back({name, w.shape, w.dtype, [&w](std::byte* out) { std::memcpy(out, w.bytes.data(), w.bytes.size()); }});
+    }
+    write_gguf(path, metadata, tensors, 32);
 }
 
 }  // namespace infer

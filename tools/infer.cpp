@@ -19,7 +19,7 @@
 //   infer serve [-m PATH] [--port 8080] [--instances N] [--route POLICY] ...   OpenAI-compatible HTTP (serve.cpp)
 //   infer route --port P --upstream URL [--upstream URL ...] [--policy POLICY]  the router as a proxy (route.cpp)
 //   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
-//   infer make-model -o DIR [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
+//   infer make-model -o DIR|FILE.gguf [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
 //   infer quantize -m IN.gguf -o OUT.gguf --type Q8_0|Q4_0|Q4_K_M|...  [--pure] [-t THREADS]
 //                                               a float GGUF rewritten with quantized matrices (appendix I)
@@ -74,7 +74,7 @@ const char* usage_text = R"(usage:
   infer bench engine -m PATH [--batch 1,4,16] [--input-len I] [--output-len O] [--spec ...]
                                                 the engine in process, no HTTP
   infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
-  infer make-model -o DIR [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
+  infer make-model -o DIR|FILE.gguf [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
   infer quantize -m IN.gguf -o OUT.gguf --type TYPE [--pure] [-t THREADS]
                                                 IN's matrices quantized; TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
@@ -652,7 +652,10 @@ int run_make_model(const CommandLine& options) {
     else if (dtype_text == "bf16") dtype = infer::DType::BF16;
     else if (dtype_text == "f16") dtype = infer::DType::F16;
     else infer::fail("option --dtype: \"", dtype_text, "\" is not one of f32, bf16, f16");
-    infer::save_random_model(options.text("-o"), shape, dtype, static_cast<uint64_t>(options.integer("--seed", 0)));
+    const std::filesystem::path out = options.text("-o");
+    const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0));
+    if (out.extension() == ".gguf") infer::save_random_model_gguf(out, shape, dtype, seed);  // one file, for infer quantize
+    else infer::save_random_model(out, shape, dtype, seed);                                   // a Hugging Face folder
     infer::Model check = infer::load_model(options.text("-o"));  // read it back: what we wrote must load
     std::cerr << "wrote " << options.text("-o") << ": " << check.parameter_count() << " parameters in " << dtype_text
               << "; a decode step reads " << check.weight_bytes_per_token() / 1e6 << " MB of them\n";

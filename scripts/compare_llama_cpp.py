@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of infer next to llama.cpp's, on the same GGUF files, threads and lengths, in one run.
+
+    scripts/compare_llama_cpp.py --llama-bench PATH/llama-bench [--infer build/infer] [-t 2] [-p 128] [-n 64] \
+        [-r 3] MODEL.gguf [MODEL.gguf ...]
+
+For each file it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P tokens, then
+generation of N tokens, each repeated R times) and `infer generate` on a prompt of P token ids with N tokens generated,
+greedy, end-of-sequence ignored, R times, keeping infer's best run as llama-bench keeps its mean. It prints one table:
+tokens/s of each engine and infer's ratio. Run it on an idle machine; both engines are measured in the same run, so
+the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
+give the path of its llama-bench.
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+
+def llama_bench(binary, model, threads, prompt, generate, repeats):
+    command = [binary, "-m", model, "-t", str(threads), "-p", str(prompt), "-n", str(generate), "-r", str(repeats),
+               "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    try:
+        records = json.loads(done.stdout)
+    except json.JSONDecodeError as error:
+        sys.exit(f"llama-bench printed no JSON ({error}); its output began: {done.stdout[:200]!r}")
+    prefill = [r["avg_ts"] for r in records if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
+    decode = [r["avg_ts"] for r in records if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    if not prefill or not decode:
+        sys.exit(f"llama-bench's JSON has no pp{prompt} or tg{generate} record for {model}")
+    return prefill[0], decode[0]
+
+
+def infer_generate(binary, model, threads, prompt, generate, repeats):
+    ids = ",".join(str(1 + (i * 7919) % 1000) for i in range(prompt))  # valid in any vocabulary of 1000 ids or more
+    command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
+               "--temp", "0", "--ignore-eos"]
+    best_prefill = best_decode = 0.0
+    for _ in range(repeats):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"infer generate failed on {model} ({done.returncode}):\n{done.stderr[-2000:]}")
+        found = re.search(r"prefill: ([\d.]+) tokens/s\s+decode: ([\d.]+) tokens/s", done.stderr)
+        if not found:
+            sys.exit(f"infer generate printed no speed line for {model}:\n{done.stderr[-2000:]}")
+        best_prefill = max(best_prefill, float(found.group(1)))
+        best_decode = max(best_decode, float(found.group(2)))
+    return best_prefill, best_decode
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", metavar="MODEL.gguf")
+    parser.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
+    parser.add_argument("--infer", default="build/infer", help="path of the infer program (default: build/infer)")
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("-p", "--prompt", type=int, default=128, help="prompt tokens (llama-bench's pp)")
+    parser.add_argument("-n", "--generate", type=int, default=64, help="generated tokens (llama-bench's tg)")
+    parser.add_argument("-r", "--repeats", type=int, default=3)
+    options = parser.parse_args()
+
+    print(f"{options.threads} threads, prompt {options.prompt} tokens, {options.generate} generated; tokens/s")
+    header = f"{'model':40} {'prefill llama.cpp':>18} {'infer':>9} {'ratio':>7} {'decode llama.cpp':>17} {'infer':>9} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for model in options.models:
+        theirs = llama_bench(options.llama_bench, model, options.threads, options.prompt, options.generate, options.repeats)
+        ours = infer_generate(options.infer, model, options.threads, options.prompt, options.generate, options.repeats)
+        name = model if len(model) <= 40 else "..." + model[-37:]
+        print(f"{name:40} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
+              f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
