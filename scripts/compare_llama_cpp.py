@@ -36,7 +36,7 @@ def llama_bench(binary, model, threads, prompt, generate, repeats):
 
 
 def infer_generate(binary, model, threads, prompt, generate, repeats):
-    ids = ",".join(str(1 + (i * 7919) % 1000) for i in range(prompt))  # valid in any vocabulary of 1000 ids or more
+    ids = ",".join(str(3 + (i * 37) % 250) for i in range(prompt))  # valid in any vocabulary of 253 ids or more
     command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
                "--temp", "0", "--ignore-eos"]
     best_prefill = best_decode = 0.0
