@@ -902,6 +902,27 @@ inline constexpr TensorNames gguf_names{
     "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
     "ffn_up.weight", "ffn_down.weight"};
 
+// A tensor's name in one format spelled in another ("model.layers.3.mlp.up_proj.weight" → "blk.3.ffn_up.weight"), for
+// the programs that write files; a name neither table knows comes back unchanged.
+inline std::string renamed_tensor(const std::string& name, const TensorNames& from, const TensorNames& to) {
+    auto fields = [](const TensorNames& n) {
+        return std::array<const char*, 17>{n.embedding, n.final_norm, n.lm_head, n.attn_norm, n.wq,     n.wk,
+                                           n.wv,        n.wo,         n.bq,      n.bk,        n.bv,     n.q_norm,
+                                           n.k_norm,    n.ffn_norm,   n.w_gate,  n.w_up,      n.w_down};
+    };
+    const auto source = fields(from), target = fields(to);
+    for (size_t i = 0; i < 3; ++i)
+        if (name == source[i]) return target[i];
+    const std::string prefix = from.layer_prefix;
+    if (name.rfind(prefix, 0) != 0) return name;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos) return name;
+    const std::string layer = name.substr(prefix.size(), dot - prefix.size()), rest = name.substr(dot + 1);
+    for (size_t i = 3; i < source.size(); ++i)
+        if (rest == source[i]) return to.layer_prefix + layer + "." + target[i];
+    return name;
+}
+
 // Points a Model's weights at the tensors of a file, by the format's names. The classifier is the embedding when the
 // config says tied and the file has no separate one (some tied checkpoints still ship it: then the file decides, so
 // the parameter count stays honest). Shapes are checked afterwards, by validate_model.
@@ -7912,26 +7933,11 @@ inline void save_random_model_gguf(const std::filesystem::path& path, const Mode
     metadata["tokenizer.ggml.token_type"] = GgufValue{types, detail::ARRAY, detail::I32};
 
     // The same weights as save_random_model, under GGUF's names.
-    static const std::pair<const char*, const char*> renames[] = {
-        {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
-        {"lm_head.weight", "output.weight"},                {"input_layernorm.weight", "attn_norm.weight"},
-        {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.k_proj.weight", "attn_k.weight"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},       {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},            {"mlp.down_proj.weight", "ffn_down.weight"}};
     const std::vector<TensorData> weights = random_weights(shape, dtype, seed);
     std::vector<GgufTensorOut> tensors;
-    for (const TensorData& w : weights) {
-        std::string name = w.name;
-        for (const auto& [from, to] : renames) {
-            const std::string layer_prefix = "model.layers.";
-            if (name == from) name = to;
-            else if (name.rfind(layer_prefix, 0) == 0 && name.size() > std::strlen(from) &&
-                     name.compare(name.size() - std::strlen(from), std::string::npos, from) == 0)
-                name = "blk." + name.substr(layer_prefix.size(), name.find('.', layer_prefix.size()) - layer_prefix.size()) + "." + to;
-        }
-        tensors.push_back({name, w.shape, w.dtype, [&w](std::byte* out) { std::memcpy(out, w.bytes.data(), w.bytes.size()); }});
-    }
+    for (const TensorData& w : weights)
+        tensors.push_back({detail::renamed_tensor(w.name, detail::hugging_face_names, detail::gguf_names), w.shape, w.dtype,
+                           [&w](std::byte* out) { std::memcpy(out, w.bytes.data(), w.bytes.size()); }});
     write_gguf(path, metadata, tensors, 32);
 }
 

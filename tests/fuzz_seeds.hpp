@@ -62,23 +62,8 @@ public:
 inline Bytes tiny_gguf() {
     const infer::ModelShape shape = tiny_shape();
     std::vector<infer::TensorData> tensors = infer::random_weights(shape, infer::DType::F32, 7);
-    auto gguf_name = [](std::string name) {  // Hugging Face names → GGUF names
-        const std::pair<const char*, const char*> renames[] = {
-            {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
-            {"lm_head.weight", "output.weight"}, {"input_layernorm.weight", "attn_norm.weight"},
-            {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
-            {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.o_proj.weight", "attn_output.weight"},
-            {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-            {"mlp.up_proj.weight", "ffn_up.weight"}, {"mlp.down_proj.weight", "ffn_down.weight"}};
-        for (auto [from, to] : renames)
-            if (name == from) return std::string(to);
-        if (name.rfind("model.layers.", 0) == 0) {
-            size_t dot = name.find('.', 13);
-            std::string rest = name.substr(dot + 1);
-            for (auto [from, to] : renames)
-                if (rest == from) return "blk." + name.substr(13, dot - 13) + "." + to;
-        }
-        return name;
+    auto gguf_name = [](const std::string& name) {
+        return infer::detail::renamed_tensor(name, infer::detail::hugging_face_names, infer::detail::gguf_names);
     };
     const std::vector<std::string> pieces = tiny_pieces();
     GgufWriter w;

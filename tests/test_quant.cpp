@@ -407,3 +407,25 @@ TEST_CASE("integer kernels: every weight product of sequence A matches llama.cpp
         MESSAGE(type << ": " << products << " products, worst |Δ| " << worst << " of max(1, max|y|)");
     }
 }
+
+TEST_CASE("make-model -o FILE.gguf: a random Llama that loads, runs, tokenizes and quantizes") {
+    test::TempDir dir("random-gguf");
+    infer::ModelShape shape;
+    shape.dim = 256, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.ffn_dim = 512;
+    shape.vocab_size = 300, shape.context_length = 64;
+    infer::save_random_model_gguf(dir / "random.gguf", shape, infer::DType::F32, 3);
+    const infer::Model model = infer::load_model(dir / "random.gguf");
+    CHECK(model.layers.size() == 2);
+    CHECK(model.config.vocab_size == 300);
+    CHECK(model.layers[1].w_down.shape == std::vector<int64_t>{256, 512});  // blk.1.ffn_down.weight, by its GGUF name
+    CHECK(infer::load_tokenizer(dir / "random.gguf").vocab_size() == 300);
+    const std::vector<float> logits = prefill_logits(model, {1, 5, 9});
+    CHECK(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+    infer::QuantizeOptions options;
+    options.type = "Q4_K_M";
+    const infer::QuantizeReport report = infer::quantize_gguf(dir / "random.gguf", dir / "q.gguf", options);
+    CHECK(report.bytes_out < report.bytes_in / 4);
+    const infer::Model quantized = infer::load_model(dir / "q.gguf");
+    CHECK(quantized.layers[0].wq.dtype == infer::DType::Q4_K);
+    CHECK(prefill_logits(quantized, {1, 5, 9}).size() == logits.size());
+}
