@@ -224,7 +224,7 @@ int run_generate(const CommandLine& options) {
         load_times.load = clock.seconds();
         std::cerr << "note: no -m given, so this runs the built-in demo model: random weights and a byte vocabulary.\n"
                      "      Its output is meaningless. Load a real checkpoint with -m (see README.md), e.g.\n"
-                     "      infer generate -m stories15M.bin -p \"Once upon a time\"\n";
+                     "      infer generate -m hf:ggml-org/models/tinyllamas/stories15M-q4_0.gguf -p \"Once upon a time\"\n";
     }
     infer::SamplingParams params = sampling_params(options);
     infer::ThreadPool pool(thread_count(options));
