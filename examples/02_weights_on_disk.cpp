@@ -5,12 +5,16 @@
 // For each model: its format and shape, the parameter count, the dtype, the weight bytes by arithmetic (parameters ×
 // bytes per parameter) next to the bytes on disk, where the rest of the file went, and the two per-token costs that
 // follow from the shape: the weight bytes one decode step reads and the KV-cache bytes one token occupies.
-// Exits 1 if any model's weights claim more bytes than its files hold. Chapter 02 walks through it.
+// A float GGUF is also quantized to Q8_0, Q4_0 and Q4_K_M (infer quantize) and each copy measured: bytes saved, weight
+// error, logit error. Exits 1 if any model's weights claim more bytes than its files hold. Chapter 02 walks through it.
 #include "infer.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -191,6 +195,62 @@ bool describe(const infer::Model& model) {
 
 }  // namespace
 
+// The logits of a short prompt (ids valid in any vocabulary of 64 or more), one row per position.
+std::vector<float> prompt_logits(const infer::Model& model, infer::ThreadPool& pool) {
+    const std::vector<int> ids = {1, 17, 33, 49, 63, 2, 40, 9};
+    infer::KVCache cache(model.config, 1, 16);
+    if (!cache.reserve(0, static_cast<int>(ids.size()))) throw infer::Error("KV cache too small for the prompt");
+    infer::Batch batch;
+    for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);
+    infer::ForwardPass forward(model, pool);
+    const std::span<const float> logits = forward.forward(batch, cache);
+    return {logits.begin(), logits.end()};
+}
+
+// Quantized copies of a float GGUF (infer quantize, appendix I): what each type saves in bytes, and what it costs in
+// the weights (RMS error of the matrices, relative to their RMS) and in the logits of a short prompt.
+void quantize_and_compare(const std::filesystem::path& path) {
+    infer::ThreadPool pool(2);
+    const infer::Model original = infer::load_model(path);
+    const std::vector<float> exact = prompt_logits(original, pool);
+    const infer::GgufFile source = infer::read_gguf(path);
+    std::printf("\nquantized copies of %s (infer quantize):\n", path.filename().c_str());
+    std::printf("  %-7s %12s %9s  %-26s %14s %14s\n", "type", "file bytes", "smaller", "tensors", "weight error", "max |dlogit|");
+    const std::filesystem::path out = std::filesystem::temp_directory_path() /
+                                      ("02_weights_on_disk-" + std::to_string(std::random_device{}()) + ".gguf");
+    for (const std::string type : {"Q8_0", "Q4_0", "Q4_K_M"}) {
+        infer::QuantizeOptions options;
+        options.type = type;
+        options.pool = &pool;
+        const infer::QuantizeReport report = infer::quantize_gguf(path, out, options);
+        std::string types;
+        for (const auto& [name, count] : report.tensors_by_type) types += (types.empty() ? "" : " ") + std::to_string(count) + "x" + name;
+        // The matrices' rounding error, relative to their size: every 2-D tensor, row by row.
+        const infer::GgufFile quantized = infer::read_gguf(out);
+        double error = 0, size = 0;
+        for (const auto& [name, tensor] : source.tensors) {
+            if (tensor.shape.size() != 2) continue;
+            const infer::Tensor& copy = quantized.tensors.at(name);
+            std::vector<float> a(static_cast<size_t>(tensor.cols())), b(a.size());
+            for (int64_t r = 0; r < tensor.rows(); ++r) {
+                tensor.read_row(r, a.data());
+                copy.read_row(r, b.data());
+                for (size_t i = 0; i < a.size(); ++i) {
+                    error += double(a[i] - b[i]) * double(a[i] - b[i]);
+                    size += double(a[i]) * double(a[i]);
+                }
+            }
+        }
+        const std::vector<float> logits = prompt_logits(infer::load_model(out), pool);
+        double worst = 0;
+        for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::fabs(double(logits[i]) - double(exact[i])));
+        std::printf("  %-7s %12s %8.2fx  %-26s %13.2f%% %14.4f\n", type.c_str(), grouped(report.bytes_out).c_str(),
+                    static_cast<double>(report.bytes_in) / static_cast<double>(report.bytes_out), types.c_str(),
+                    100.0 * std::sqrt(error / std::max(size, 1e-30)), worst);
+    }
+    std::filesystem::remove(out);
+}
+
 int main(int argc, char** argv) try {
     std::vector<std::string> paths;
     for (int i = 1; i < argc; ++i) {
@@ -208,7 +268,12 @@ int main(int argc, char** argv) try {
         std::cerr << "note: no path given, so this describes the built-in demo model (random weights)\n";
         all_accounted = describe(infer::demo_model());
     }
-    for (const std::string& path : paths) all_accounted = describe(infer::load_model(path)) && all_accounted;
+    for (const std::string& path : paths) {
+        const infer::Model model = infer::load_model(path);
+        all_accounted = describe(model) && all_accounted;
+        if (model.format == infer::ModelFormat::Gguf && !infer::is_quantized(model.layers.front().wq.dtype))
+            quantize_and_compare(path);  // a float GGUF: what quantizing it saves and costs
+    }
     return all_accounted ? 0 : 1;
 } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
