@@ -4545,13 +4545,17 @@ inline GgufValue gguf_read_value(ByteReader& in, uint32_t type, const std::strin
     return out;
 }
 
+// GGUF's string: a 64-bit length, then the bytes (keys, tensor names and string values alike).
+inline void gguf_append_string(std::string& out, const std::string& text) {
+    const uint64_t length = text.size();
+    out.append(reinterpret_cast<const char*>(&length), sizeof length);
+    out += text;
+}
+
 // The inverse of gguf_read_value: the type tag, then the value in that type (infer quantize writes files back).
 inline void gguf_append_value(std::string& out, const GgufValue& v) {
     auto put = [&out](auto value) { out.append(reinterpret_cast<const char*>(&value), sizeof value); };
-    auto put_string = [&](const std::string& text) {
-        put(uint64_t{text.size()});
-        out += text;
-    };
+    auto put_string = [&out](const std::string& text) { gguf_append_string(out, text); };
     auto put_item = [&](uint32_t type, const auto& item) {
         using Item = std::decay_t<decltype(item)>;
         if constexpr (std::is_same_v<Item, std::string>) {
@@ -7780,10 +7784,7 @@ inline void write_gguf(const std::filesystem::path& path, const std::map<std::st
                        const std::function<void(size_t, size_t, uint64_t, const std::string&)>& progress = {}) {
     std::string header = "GGUF";
     auto put = [&header](auto value) { header.append(reinterpret_cast<const char*>(&value), sizeof value); };
-    auto put_string = [&](const std::string& text) {
-        put(uint64_t{text.size()});
-        header += text;
-    };
+    auto put_string = [&header](const std::string& text) { detail::gguf_append_string(header, text); };
     auto aligned = [alignment](uint64_t size) { return (size + alignment - 1) / alignment * alignment; };
     put(uint32_t{3});
     put(uint64_t{tensors.size()});
