@@ -1467,10 +1467,6 @@ __attribute__((visibility("default"))) bool infer_cuda_device_available(std::str
     return infer::cuda::device_available(why);
 }
 
-__attribute__((visibility("default"))) void infer_cuda_device_description(int device, std::string* out) {
-    *out = infer::cuda::device_description(device);
-}
-
 __attribute__((visibility("default"))) infer::cuda::ForwardPass* infer_cuda_make_forward_pass(
     const infer::Model* model, const infer::CudaOptions* options, std::string* error) {
     try {

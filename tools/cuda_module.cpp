@@ -3,7 +3,7 @@
 // of megabytes) into every run, `infer --help` included; opened here, a CPU run never touches them.
 //
 // The module exports a few functions with C names (see the end of infer_cuda.cu); this file defines the header's
-// cuda::device_available, cuda::device_description and cuda::make_forward_pass on top of them. Where the module is
+// cuda::device_available and cuda::make_forward_pass, all the program uses, on top of them. Where the module is
 // looked for: $INFER_CUDA_MODULE when set (and only there); otherwise beside the infer program (a build directory),
 // then in the directory it is installed to (INFER_CUDA_MODULE_DIR, from meson.build).
 #include "infer.hpp"
@@ -23,7 +23,6 @@ namespace {
 
 struct Module {
     bool (*device_available)(std::string* why) = nullptr;
-    void (*device_description)(int device, std::string* out) = nullptr;
     ForwardPass* (*make_forward_pass)(const Model* model, const CudaOptions* options, std::string* error) = nullptr;
 };
 
@@ -63,11 +62,9 @@ const Module* open_module(std::string* why) {
             // A module built from another version of infer.hpp would read this program's Model and Batch wrongly.
             auto layout = reinterpret_cast<unsigned long long (*)()>(dlsym(handle, "infer_cuda_module_layout"));
             module.device_available = reinterpret_cast<decltype(module.device_available)>(dlsym(handle, "infer_cuda_device_available"));
-            module.device_description =
-                reinterpret_cast<decltype(module.device_description)>(dlsym(handle, "infer_cuda_device_description"));
             module.make_forward_pass =
                 reinterpret_cast<decltype(module.make_forward_pass)>(dlsym(handle, "infer_cuda_make_forward_pass"));
-            if (!layout || !module.device_available || !module.device_description || !module.make_forward_pass) {
+            if (!layout || !module.device_available || !module.make_forward_pass) {
                 tried += "\n  " + candidate.string() + ": not an infer CUDA module (its entry points are missing)";
                 dlclose(handle);
                 continue;
@@ -93,14 +90,6 @@ const Module* open_module(std::string* why) {
 bool device_available(std::string* why) {
     const Module* module = open_module(why);
     return module && module->device_available(why);
-}
-
-std::string device_description(int device) {
-    std::string why, description;
-    const Module* module = open_module(&why);
-    if (!module) fail(why);
-    module->device_description(device, &description);
-    return description;
 }
 
 std::unique_ptr<ForwardPass> make_forward_pass(const Model& model, CudaOptions options) {
