@@ -8,13 +8,14 @@
 //   01 The stack          errors, timers, the JSON value and the thread pool every layer shares          (chapter 01)
 //   02 Weights on disk    safetensors (+ config.json), GGUF, llama2.c .bin → one Model                    (chapter 02)
 //   03 Tokenizer          text ↔ ids: SentencePiece scores and Hugging Face BPE; streaming decode        (chapter 03)
-//   04 Forward pass       ids → logits for a batch (prefill and decode), the sampler, one request       (chapter 04)
+//   04 Forward pass       ids → logits for a batch (prefill and decode), grammars, the sampler, one request (chapter 04)
 //   05 KV cache           blocks, block tables, prefix sharing and LRU eviction                          (chapter 05)
 //   06 Scheduler          continuous batching, the Engine (step → events), EngineLoop, traces          (chapter 06)
 //   07 Hardware           cpu or cuda behind one forward pass (kernels in infer_cuda.cu)                (chapter 07)
-//   A–H Appendices        the plumbing the lessons call: JSON parsing, 16-bit floats and the thread pool's
+//   A–J Appendices        the plumbing the lessons call: JSON parsing, 16-bit floats and the thread pool's
 //                         insides, Unicode data and NFC, the regex engine, the tokenizer.json pipeline,
-//                         the SIMD kernels, random-weight models, the decoders of GGUF's quantized blocks.
+//                         the SIMD kernels, random-weight models, the decoders of GGUF's quantized blocks,
+//                         quantizing, and structured outputs' regular expressions and JSON Schemas.
 //                         Each is declared where a lesson uses it.
 //
 // The map: one request through generate_from_ids() (section 04), the shortest path through every layer.
@@ -103,6 +104,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -110,6 +112,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -247,6 +250,7 @@ public:
     }
 
     static Json parse(std::string_view text, std::string_view origin = "JSON");
+    std::string dump() const;  // compact JSON text, members in their order (appendix A)
 
 private:
     template <class T>
@@ -1557,6 +1561,10 @@ public:
 
     Kind kind() const { return state().kind; }
     int vocab_size() const { return static_cast<int>(state().id_to_token.size()); }
+    // What each token adds to a text when it is not the text's first token, as raw bytes ("▁the" and "Ġthe" → " the",
+    // <0x0A> → "\n", a piece of a UTF-8 character as that piece); nullopt for a special token, which spells no text
+    // (BOS, <|im_start|>, unused pieces). Structured outputs match these bytes against their grammar (section 04).
+    std::vector<std::optional<std::string>> all_token_bytes() const;
     // The token's text as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>", "<|im_start|>").
     const std::string& token_text(int id) const {
         if (id < 0 || id >= vocab_size())
@@ -2482,8 +2490,248 @@ private:
 #endif
 };
 
+// ---- Structured outputs: a grammar becomes a token mask -------------------------------------------------------------
+// A request may ask that its output stay inside a language: any JSON object, the JSON of a schema, the matches of a
+// regular expression, one of a list of strings. Each is written as a regular expression over bytes (appendix J turns
+// JSON Schemas into one), the expression becomes an automaton whose states are built as outputs reach them (a lazy
+// DFA), and each state becomes a token mask: the tokens whose bytes keep the automaton alive from there. The sampler
+// sets every other token's logit to -inf before it samples, then steps the automaton through the bytes of the token
+// it picked. A state's mask is computed once, by walking a trie of the vocabulary's byte strings from that state and
+// pruning a subtree at the first byte the automaton refuses, and every later token and request that reaches the state
+// reuses it. Cost: per token, one pass over V to apply the mask; per new state, one walk over the live part of the
+// trie (milliseconds for 32k tokens, paid once).
+
+// Every token's bytes in a trie, shared by the grammars of one tokenizer. Special tokens (BOS, <|im_start|>) spell no
+// text and are left out; the end ids are allowed exactly where the output may end.
+class TokenTrie {
+public:
+    explicit TokenTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_size()), end_ids_(tokenizer.eos_ids()) {
+        std::vector<std::pair<std::string, int>> spelled;
+        std::vector<std::optional<std::string>> bytes = tokenizer.all_token_bytes();
+        for (int id = 0; id < vocab_size_; ++id)
+            if (bytes[static_cast<size_t>(id)] && !bytes[static_cast<size_t>(id)]->empty() &&
+                std::find(end_ids_.begin(), end_ids_.end(), id) == end_ids_.end())
+                spelled.emplace_back(std::move(*bytes[static_cast<size_t>(id)]), id);
+        std::sort(spelled.begin(), spelled.end());
+        // Sorted byte strings share their prefixes with their predecessor: `path` holds the nodes of the previous one.
+        nodes_.push_back({});  // the root: the empty prefix
+        std::vector<int> path = {0};
+        std::string previous;
+        for (const auto& [text, id] : spelled) {
+            size_t common = 0;
+            while (common < text.size() && common < previous.size() && text[common] == previous[common]) ++common;
+            path.resize(common + 1);
+            for (size_t i = common; i < text.size(); ++i) {
+                const int parent = path.back(), node = static_cast<int>(nodes_.size());
+                nodes_.push_back({.byte = static_cast<uint8_t>(text[i])});
+                if (nodes_[static_cast<size_t>(parent)].last_child >= 0)
+                    nodes_[static_cast<size_t>(nodes_[static_cast<size_t>(parent)].last_child)].next_sibling = node;
+                else nodes_[static_cast<size_t>(parent)].first_child = node;
+                nodes_[static_cast<size_t>(parent)].last_child = node;
+                path.push_back(node);
+            }
+            Node& end = nodes_[static_cast<size_t>(path.back())];
+            if (end.ids_begin < 0) end.ids_begin = static_cast<int>(ids_.size());
+            ids_.push_back(id);
+            end.ids_end = static_cast<int>(ids_.size());
+            bytes_of_[id] = text;
+            previous = text;
+        }
+    }
+
+    int vocab_size() const { return vocab_size_; }
+    const std::vector<int>& end_ids() const { return end_ids_; }
+    // The token's bytes, or nullptr for one that spells no text (a special token, an end id).
+    const std::string* bytes(int id) const {
+        auto found = bytes_of_.find(id);
+        return found == bytes_of_.end() ? nullptr : &found->second;
+    }
+    size_t node_count() const { return nodes_.size(); }
+
+private:
+    friend class Grammar;
+    struct Node {
+        int first_child = -1, last_child = -1, next_sibling = -1;
+        uint8_t byte = 0;
+        int ids_begin = -1, ids_end = -1;  // ids_[begin, end): the tokens whose bytes end here
+    };
+    int vocab_size_ = 0;
+    std::vector<int> end_ids_;
+    std::vector<Node> nodes_;
+    std::vector<int> ids_;
+    std::unordered_map<int, std::string> bytes_of_;
+};
+
+namespace detail {
+// A Thompson NFA over bytes: each state consumes one byte in [lo, hi] and moves to `next`, or moves to both `next`
+// and `other` without consuming anything, or accepts. Appendix J builds one from a regular expression.
+struct NfaState {
+    enum class Kind : uint8_t { Byte, Split, Match } kind = Kind::Match;
+    uint8_t lo = 0, hi = 0;
+    int next = -1, other = -1;
+};
+struct Nfa {
+    std::vector<NfaState> states;
+    int start = 0;
+};
+inline Nfa compile_regex(std::string_view pattern);  // appendix J
+}  // namespace detail
+
+// One compiled language over one vocabulary, shared (read-only from outside, thread-safe) by every request that asks
+// for it. States are numbered as they are built; 0 is the start.
+class Grammar {
+public:
+    // `regex` must match the whole output. `description` names the grammar in messages ("response_format json_schema").
+    Grammar(std::string_view regex, std::shared_ptr<const TokenTrie> trie, std::string description)
+        : nfa_(detail::compile_regex(regex)), trie_(std::move(trie)), description_(std::move(description)) {
+        std::vector<int> start = {nfa_.start};
+        state_for(closure(start));
+        std::lock_guard lock(mutex_);
+        if (mask_locked(0).empty()) fail(description_, ": no token of the vocabulary can start an output it allows");
+    }
+
+    static constexpr int max_states = 20000;  // each holds 256 transitions and its mask: bounds memory per grammar
+    static constexpr int start = 0;
+    const std::string& description() const { return description_; }
+    const TokenTrie& trie() const { return *trie_; }
+    int state_count() const {
+        std::lock_guard lock(mutex_);
+        return static_cast<int>(states_.size());
+    }
+
+    bool accepts(int state) const {  // the output so far is a whole sentence of the language
+        std::lock_guard lock(mutex_);
+        return states_[static_cast<size_t>(state)]->accepting;
+    }
+    bool can_continue(int state) const {  // some byte may still follow
+        std::lock_guard lock(mutex_);
+        return states_[static_cast<size_t>(state)]->consumes;
+    }
+
+    // The tokens allowed after `state`, one bit per id ([V / 64] words), the end ids included where the output may end.
+    // Computed on first use, then kept: the reference stays valid for the grammar's life.
+    const std::vector<uint64_t>& mask(int state) const {
+        std::lock_guard lock(mutex_);
+        return mask_locked(state);
+    }
+
+    // The state after `token`'s bytes, or -1 if the token leaves the language.
+    int advance(int state, int token) const {
+        const std::string* bytes = trie_->bytes(token);
+        if (!bytes) return -1;
+        std::lock_guard lock(mutex_);
+        for (char c : *bytes) {
+            state = step(state, static_cast<uint8_t>(c));
+            if (state < 0) return -1;
+        }
+        return state;
+    }
+
+private:
+    struct State {
+        std::vector<int> nfa;  // the Byte and Match states the automaton can be in, sorted
+        bool accepting = false, consumes = false;
+        std::array<int, 256> next;  // -2: not built yet; -1: dead (no NFA state left)
+        std::vector<uint64_t> mask;
+        bool masked = false;
+    };
+
+    // The NFA states reachable from `from` without consuming a byte, keeping those that consume or accept.
+    std::vector<int> closure(std::vector<int>& from) const {
+        std::vector<int> kept;
+        std::vector<char> seen(nfa_.states.size(), 0);
+        while (!from.empty()) {
+            const int i = from.back();
+            from.pop_back();
+            if (seen[static_cast<size_t>(i)]++) continue;
+            const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
+            if (s.kind == detail::NfaState::Kind::Split) {
+                from.push_back(s.other);
+                from.push_back(s.next);
+            } else {
+                kept.push_back(i);
+            }
+        }
+        std::sort(kept.begin(), kept.end());
+        return kept;
+    }
+
+    int state_for(std::vector<int> nfa) const {
+        auto found = index_.find(nfa);
+        if (found != index_.end()) return found->second;
+        if (states_.size() >= static_cast<size_t>(max_states))
+            fail(description_, ": the grammar needs more than ", max_states, " automaton states; simplify it");
+        auto state = std::make_unique<State>();
+        for (int i : nfa) {
+            const auto kind = nfa_.states[static_cast<size_t>(i)].kind;
+            state->accepting = state->accepting || kind == detail::NfaState::Kind::Match;
+            state->consumes = state->consumes || kind == detail::NfaState::Kind::Byte;
+        }
+        state->next.fill(-2);
+        state->nfa = nfa;
+        const int id = static_cast<int>(states_.size());
+        states_.push_back(std::move(state));
+        index_.emplace(std::move(nfa), id);
+        return id;
+    }
+
+    // One byte from `state`: the lazy DFA's transition, built on first use. An empty set of NFA states is dead: every
+    // state of an NFA built from a simplified expression lies on a path to acceptance, so a non-empty set is alive.
+    int step(int state, uint8_t byte) const {
+        int& next = states_[static_cast<size_t>(state)]->next[byte];
+        if (next != -2) return next;
+        std::vector<int> targets;
+        for (int i : states_[static_cast<size_t>(state)]->nfa) {
+            const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
+            if (s.kind == detail::NfaState::Kind::Byte && s.lo <= byte && byte <= s.hi) targets.push_back(s.next);
+        }
+        next = targets.empty() ? -1 : state_for(closure(targets));  // States live on the heap: `next` stays valid
+        return next;
+    }
+
+    // The mask: a depth-first walk of the trie alongside the automaton. A token is allowed when the walk reaches its
+    // node alive; a dead byte cuts off every token below it.
+    const std::vector<uint64_t>& mask_locked(int state) const {
+        State& s = *states_[static_cast<size_t>(state)];
+        if (s.masked) return s.mask;
+        std::vector<uint64_t> mask((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
+        bool any = false;
+        auto allow = [&](int id) {
+            mask[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+            any = true;
+        };
+        if (s.accepting)
+            for (int id : trie_->end_ids())
+                if (id >= 0 && id < trie_->vocab_size()) allow(id);
+        std::vector<std::pair<int, int>> stack = {{0, state}};  // (trie node, automaton state)
+        while (!stack.empty()) {
+            auto [node, at] = stack.back();
+            stack.pop_back();
+            for (int child = trie_->nodes_[static_cast<size_t>(node)].first_child; child >= 0;
+                 child = trie_->nodes_[static_cast<size_t>(child)].next_sibling) {
+                const TokenTrie::Node& c = trie_->nodes_[static_cast<size_t>(child)];
+                const int after = step(at, c.byte);
+                if (after < 0) continue;
+                for (int k = c.ids_begin; k >= 0 && k < c.ids_end; ++k) allow(trie_->ids_[static_cast<size_t>(k)]);
+                if (c.first_child >= 0) stack.emplace_back(child, after);
+            }
+        }
+        s.mask = any ? std::move(mask) : std::vector<uint64_t>();
+        s.masked = true;
+        return s.mask;
+    }
+
+    detail::Nfa nfa_;
+    std::shared_ptr<const TokenTrie> trie_;
+    std::string description_;
+    mutable std::mutex mutex_;
+    mutable std::vector<std::unique_ptr<State>> states_;
+    mutable std::map<std::vector<int>, int> index_;
+};
+
 // ---- Sampler --------------------------------------------------------------------------------------------------------
-// Logits to one token id. Penalties first (they change the logits), then temperature: 0 is greedy (argmax, ties to
+// Logits to one token id. Constraints first (logit_bias, then the grammar's mask), then penalties (they change the
+// logits), then temperature: 0 is greedy (argmax, ties to
 // the lowest id); above 0 the logits are divided by it, then top-k, top-p and min-p trim the candidates and a seeded
 // generator draws from what is left. Cost: one pass over V, a sort only of what top-k keeps; microseconds next to
 // the forward pass.
@@ -2500,6 +2748,8 @@ struct SamplingParams {
     int max_tokens = 256;
     bool ignore_eos = false;
     int logprobs = -1;  // -1: none; k >= 0: each sampled token's log-probability and the k likeliest (OpenAI, vLLM)
+    std::vector<std::pair<int, float>> logit_bias;  // OpenAI's: added to those ids' logits before anything else
+    std::shared_ptr<const Grammar> grammar;         // structured outputs: only tokens that keep the output inside it
 
     // Rejects values no sampler can honour, naming the parameter.
     void validate() const {
@@ -2516,6 +2766,10 @@ struct SamplingParams {
         if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) bad("frequency_penalty", frequency_penalty, "must be in [-2, 2]");
         if (max_tokens < 0) bad("max_tokens", max_tokens, "must be >= 0");
         if (logprobs < -1 || logprobs > max_logprobs) bad("logprobs", logprobs, "must be in [0, 20] (-1 turns it off)");
+        for (const auto& [id, bias] : logit_bias) {
+            if (id < 0) bad("logit_bias", id, "names a negative token id");
+            if (!(bias >= -100 && bias <= 100)) bad("logit_bias", bias, "values must be in [-100, 100]");
+        }
     }
     static constexpr int max_logprobs = 20;
 };
@@ -2551,6 +2805,8 @@ class Sampler {
 public:
     Sampler(const SamplingParams& params, int vocab_size) : params_(params), counts_(static_cast<size_t>(vocab_size), 0) {
         params_.validate();
+        for (const auto& [id, bias] : params_.logit_bias)
+            if (id >= vocab_size) fail("invalid sampling parameter logit_bias: token id ", id, " is outside the vocabulary (", vocab_size, " tokens)");
         seed_ = params.seed ? *params.seed : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}());
         // xoshiro256** seeded through splitmix64: the same seed gives the same stream on every platform, which
         // std::mt19937 + std::uniform_real_distribution does not promise.
@@ -2571,15 +2827,26 @@ public:
         for (int id : prompt)
             if (id >= 0 && static_cast<size_t>(id) < counts_.size()) seen_in_prompt_.push_back(id);
     }
-    // Each generated token, for the penalties.
+    // Each generated token, for the penalties and the grammar's state.
     void accept(int id) {
         if (id >= 0 && static_cast<size_t>(id) < counts_.size()) {
             if (counts_[id]++ == 0) generated_.push_back(id);
         }
+        if (params_.grammar) {
+            const int next = params_.grammar->advance(grammar_state_, id);
+            if (next < 0) fail(params_.grammar->description(), ": token ", id, " leaves the language the output must stay in");
+            grammar_state_ = next;
+        }
+    }
+
+    // The output is a whole sentence of its grammar and no byte may follow: nothing is left to sample.
+    bool grammar_complete() const {
+        return params_.grammar && params_.grammar->accepts(grammar_state_) && !params_.grammar->can_continue(grammar_state_);
     }
 
     // Picks the next token. `logits` [V] is modified in place.
     int sample(std::span<float> logits) {
+        constrain(logits);
         apply_penalties(logits);
         if (params_.temperature == 0) return argmax(logits);
         const size_t kept = keep_candidates(logits);
@@ -2597,6 +2864,7 @@ public:
     // of it on the argmax when greedy. Speculative decoding (section 06) weighs a drafted token by p itself rather
     // than by one draw from it. `logits` [V] is modified in place.
     void distribution(std::span<float> logits, std::vector<float>& p) {
+        constrain(logits);
         apply_penalties(logits);
         p.assign(logits.size(), 0.0f);
         if (params_.temperature == 0) {
@@ -2644,6 +2912,21 @@ private:
         double probability = 0;
     };
 
+    // logit_bias, then the grammar's mask: a token outside the language gets -inf, so no later stage can revive it.
+    void constrain(std::span<float> logits) {
+        for (const auto& [id, bias] : params_.logit_bias) logits[static_cast<size_t>(id)] += bias;
+        if (!params_.grammar) return;
+        const std::vector<uint64_t>& allowed = params_.grammar->mask(grammar_state_);
+        const float none = -std::numeric_limits<float>::infinity();
+        for (size_t id = 0; id < logits.size(); ++id)
+            if (!(id / 64 < allowed.size() && (allowed[id / 64] >> (id % 64) & 1))) logits[id] = none;
+        if (params_.ignore_eos)  // the output may end, but the request asked not to: only the grammar's own end stops it
+            for (int id : params_.grammar->trie().end_ids())
+                if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] = none;
+        if (std::none_of(logits.begin(), logits.end(), [&](float l) { return l != none; }))
+            fail(params_.grammar->description(), ": no token can continue the output from here");
+    }
+
     void apply_penalties(std::span<float> logits) {
         if (params_.repetition_penalty != 1.0f) {  // as Hugging Face and vLLM: shrink positive logits, grow negative
             auto penalize = [&](int id) {
@@ -2685,6 +2968,7 @@ private:
         // Softmax over the survivors (the largest logit is first).
         double total = 0;
         for (size_t i = 0; i < kept; ++i) total += candidates_[i].probability = std::exp(candidates_[i].logit - candidates_[0].logit);
+        while (kept > 1 && candidates_[kept - 1].probability == 0) --kept;  // masked (-inf) tokens are never drawn
         if (params_.top_p < 1) {  // the smallest head of the distribution whose mass reaches top_p
             double mass = 0;
             size_t i = 0;
@@ -2707,6 +2991,7 @@ private:
     std::vector<int> seen_in_prompt_;  // prompt ids
     std::vector<char> penalized_;      // [V] scratch
     std::vector<Candidate> candidates_;
+    int grammar_state_ = Grammar::start;
 };
 
 // ---- One request end to end -----------------------------------------------------------------------------------------
@@ -2841,6 +3126,10 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
             result.times.detokenize += clock.seconds();
             result.text += piece;
             if (on_text && !piece.empty()) on_text(piece);
+        }
+        if (sampler.grammar_complete()) {  // the output is whole and nothing may follow it
+            result.finish_reason = FinishReason::Stop;
+            break;
         }
         batch.clear();
         batch.add(next, position, 0, true);  // decode: the next step reads only the token just sampled
@@ -3388,6 +3677,8 @@ public:
                 params.repetition_penalty = 1;
                 params.presence_penalty = params.frequency_penalty = 0;
                 params.seed = r.seed ^ 0x9E3779B97F4A7C15ull;  // its own stream, fixed by the request's seed
+                params.grammar.reset();  // the target's sampler masks; the draft's guesses are verified against it
+                params.logit_bias.clear();
                 state.sampler.emplace(params, model_.config.vocab_size);
             }
             active.push_back(i);
@@ -3890,7 +4181,7 @@ private:
             stats.detokenize += clock.seconds();
         }
         const int generated = static_cast<int>(r.result.generated_ids.size());
-        if (stopped) finish(r.seq.id, FinishReason::Stop, "", events, &event);
+        if (stopped || r.sampler->grammar_complete()) finish(r.seq.id, FinishReason::Stop, "", events, &event);
         else if (generated >= r.params.max_tokens || static_cast<int>(r.seq.tokens.size()) >= model_.config.context_length)
             finish(r.seq.id, FinishReason::Length, "", events, &event);
         else return true;
@@ -4479,6 +4770,33 @@ inline void write_json_string(std::ostream& out, std::string_view text) {
         } else out << c;
     }
     out << '"';
+}
+
+inline std::string Json::dump() const {
+    std::ostringstream out;
+    std::visit([&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::monostate>) out << "null";
+        else if constexpr (std::is_same_v<T, bool>) out << (v ? "true" : "false");
+        else if constexpr (std::is_same_v<T, double>) {
+            char buffer[32];  // the shortest text that reads back as the same double; whole numbers without ".0"
+            out << std::string_view(buffer, static_cast<size_t>(std::to_chars(buffer, buffer + sizeof buffer, v).ptr - buffer));
+        } else if constexpr (std::is_same_v<T, std::string>) write_json_string(out, v);
+        else if constexpr (std::is_same_v<T, Array>) {
+            out << '[';
+            for (size_t i = 0; i < v.size(); ++i) out << (i ? "," : "") << v[i].dump();
+            out << ']';
+        } else {
+            out << '{';
+            for (size_t i = 0; i < v.size(); ++i) {
+                if (i) out << ',';
+                write_json_string(out, v[i].first);
+                out << ':' << v[i].second.dump();
+            }
+            out << '}';
+        }
+    }, value_);
+    return out.str();
 }
 
 inline Json Json::parse(std::string_view text, std::string_view origin) {
@@ -6217,6 +6535,53 @@ inline void Tokenizer::apply_pre_tokenizer(const detail::PreTokenizerStep& step,
     }
 }
 
+inline std::vector<std::optional<std::string>> Tokenizer::all_token_bytes() const {
+    const State& s = state();
+    std::vector<std::optional<std::string>> out(s.id_to_token.size());
+    if (s.kind == Kind::SentencePieceScores) {
+        const int not_first = s.bos_id == 0 ? 1 : 0;  // any id but BOS: the dummy-prefix rule applies only at the start
+        for (size_t id = 0; id < out.size(); ++id) {
+            const auto type = s.types[id];
+            if (type == Vocabulary::Type::Control || type == Vocabulary::Type::Unused || type == Vocabulary::Type::Unknown) continue;
+            out[id] = sentencepiece_bytes(static_cast<int>(id), not_first);
+        }
+        return out;
+    }
+    std::vector<char> special(out.size(), 0);
+    for (const detail::AddedToken& added : s.added)
+        if (added.special && added.id >= 0 && static_cast<size_t>(added.id) < special.size()) special[static_cast<size_t>(added.id)] = 1;
+    const bool byte_level = std::any_of(s.decoders.begin(), s.decoders.end(),
+                                        [](const detail::DecoderStep& d) { return d.kind == detail::DecoderStep::Kind::ByteLevel; });
+    // Other decoders (Metaspace, Replace, Strip) treat a text's first token apart: decode after an anchor token and
+    // keep what the token adds.
+    const std::vector<int> anchor = byte_level ? std::vector<int>() : encode("a", false);
+    const std::string anchor_text = anchor.empty() ? std::string() : decode(anchor);
+    const auto& map = detail::byte_level_map();
+    for (size_t id = 0; id < out.size(); ++id) {
+        if (special[id] || static_cast<int>(id) == s.unk_id) continue;
+        const std::string& token = s.id_to_token[id];
+        if (byte_level) {  // each character stands for one byte; an added token's text is itself
+            std::string bytes;
+            int n = 0;
+            bool all = true;
+            for (size_t i = 0; i < token.size() && all; i += static_cast<size_t>(n)) {
+                auto found = map.char_to_byte.find(detail::code_point_at(token, i, &n));
+                if (found == map.char_to_byte.end()) all = false;
+                else bytes += static_cast<char>(found->second);
+            }
+            out[id] = all ? bytes : token;
+        } else if (int byte = detail::byte_token_value(token); byte >= 0 && s.byte_fallback) {
+            out[id] = std::string(1, static_cast<char>(byte));
+        } else if (!anchor.empty()) {
+            std::vector<int> ids = anchor;
+            ids.push_back(static_cast<int>(id));
+            const std::string both = decode(ids);
+            if (both.compare(0, anchor_text.size(), anchor_text) == 0) out[id] = both.substr(anchor_text.size());
+        }
+    }
+    return out;
+}
+
 inline std::vector<std::string> Tokenizer::apply_decoder(const detail::DecoderStep& step, std::vector<std::string> tokens) {
     using Kind = detail::DecoderStep::Kind;
     switch (step.kind) {
@@ -7941,5 +8306,709 @@ inline void save_random_model_gguf(const std::filesystem::path& path, const Mode
                            [&w](std::byte* out) { std::memcpy(out, w.bytes.data(), w.bytes.size()); }});
     write_gguf(path, metadata, tensors, 32);
 }
+
+// ==== J STRUCTURED OUTPUTS ===========================================================================================
+// The grammars of section 04 start as regular expressions: this appendix parses one into an NFA over bytes, and writes
+// JSON Schemas, "any JSON object" and choice lists as regular expressions.
+//
+// The regex dialect is the common one: literals (UTF-8), . [...] [^...] \d \w \s and their negations, \n \t \r \f \v
+// \xHH \uHHHH, groups ( ) (?: ) (?<name> ), alternation |, quantifiers * + ? {n} {n,} {n,m} (a lazy ? suffix is
+// accepted: when the whole output must match, lazy and greedy match the same strings), and ^ $ at the ends, which
+// change nothing for a whole-output match. [] matches nothing, as in JavaScript. Backreferences, lookaround and \b
+// are refused by name: no finite automaton can decide them.
+
+namespace detail {
+
+// A parsed expression. A character class becomes an Alternate of UTF-8 byte sequences (each a Bytes node: one byte
+// range per position), so the automaton reads bytes and still matches whole characters.
+struct RegexNode {
+    enum class Kind { Bytes, Concat, Alternate, Repeat } kind = Kind::Concat;  // an empty Concat matches ""
+    std::vector<std::pair<uint8_t, uint8_t>> bytes;  // Bytes: one range per byte
+    std::vector<RegexNode> children;
+    int min = 0, max = -1;                           // Repeat: -1 is unbounded
+    bool never = false;                              // matches nothing (an empty class, or simplified to it)
+};
+
+inline constexpr int regex_max_count = 1000;      // {n,m} bound: larger counts would build huge automata
+inline constexpr size_t regex_max_states = 2000000;
+
+// The code points [lo, hi] (no surrogates) as UTF-8 byte-range sequences, appended as Bytes alternatives: the range
+// is split until every sequence is a product of byte ranges (all its code points share a prefix structure).
+inline void utf8_ranges(uint32_t lo, uint32_t hi, std::vector<RegexNode>& out) {
+    if (lo > hi) return;
+    static constexpr uint32_t limits[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+    for (int n = 0; n < 3; ++n)  // one encoded length at a time
+        if (lo <= limits[n] && hi > limits[n]) {
+            utf8_ranges(lo, limits[n], out);
+            utf8_ranges(limits[n] + 1, hi, out);
+            return;
+        }
+    const int length = lo <= 0x7F ? 1 : lo <= 0x7FF ? 2 : lo <= 0xFFFF ? 3 : 4;
+    for (int i = 1; i < length; ++i) {  // split where the trailing i bytes do not span 80..BF fully
+        const uint32_t m = (uint32_t{1} << (6 * i)) - 1;
+        if ((lo & ~m) != (hi & ~m)) {
+            if ((lo & m) != 0) {
+                utf8_ranges(lo, lo | m, out);
+                utf8_ranges((lo | m) + 1, hi, out);
+                return;
+            }
+            if ((hi & m) != m) {
+                utf8_ranges(lo, (hi & ~m) - 1, out);
+                utf8_ranges(hi & ~m, hi, out);
+                return;
+            }
+        }
+    }
+    std::string a, b;
+    append_utf8(a, lo);
+    append_utf8(b, hi);
+    RegexNode node;
+    node.kind = RegexNode::Kind::Bytes;
+    for (size_t i = 0; i < a.size(); ++i) node.bytes.emplace_back(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]));
+    out.push_back(std::move(node));
+}
+
+class RegexParser {
+public:
+    explicit RegexParser(std::string_view pattern) : text_(pattern) {}
+
+    RegexNode parse() {
+        if (find_invalid_utf8(text_) != std::string_view::npos) error("is not valid UTF-8");
+        RegexNode node = alternation();
+        if (at_ < text_.size()) error(text_[at_] == ')' ? "has an unmatched ')'" : "has an unexpected character");
+        return node;
+    }
+
+private:
+    using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points
+
+    [[noreturn]] void error(std::string_view what) const {
+        fail("regular expression \"", text_, "\" ", what, " (at byte ", at_, ")");
+    }
+    bool more() const { return at_ < text_.size(); }
+    char peek() const { return text_[at_]; }
+    bool take(char c) {
+        if (more() && peek() == c) {
+            ++at_;
+            return true;
+        }
+        return false;
+    }
+
+    RegexNode alternation() {
+        RegexNode first = concatenation();
+        if (!more() || peek() != '|') return first;
+        RegexNode any;
+        any.kind = RegexNode::Kind::Alternate;
+        any.children.push_back(std::move(first));
+        while (take('|')) any.children.push_back(concatenation());
+        return any;
+    }
+
+    RegexNode concatenation() {
+        RegexNode all;  // Concat
+        while (more() && peek() != '|' && peek() != ')') {
+            if (take('^') || take('$')) continue;  // anchors: the whole output matches anyway
+            all.children.push_back(repetition(atom()));
+        }
+        return all;
+    }
+
+    RegexNode repetition(RegexNode node) {
+        while (more()) {
+            int min = 0, max = -1;
+            const size_t quantifier = at_;
+            if (take('*')) {
+            } else if (take('+')) {
+                min = 1;
+            } else if (take('?')) {
+                max = 1;
+            } else if (peek() == '{' && at_ + 1 < text_.size() && std::isdigit(static_cast<unsigned char>(text_[at_ + 1]))) {
+                ++at_;
+                min = max = number();
+                if (take(',')) max = more() && peek() == '}' ? -1 : number();
+                if (!take('}')) error("has an unterminated {n,m}");
+                if (max >= 0 && max < min) error("has a count {n,m} with m < n");
+            } else {
+                break;
+            }
+            if (take('+')) { at_ = quantifier; error("uses a possessive quantifier, which is not supported"); }
+            take('?');  // lazy: the same language
+            RegexNode repeat;
+            repeat.kind = RegexNode::Kind::Repeat;
+            repeat.min = min;
+            repeat.max = max;
+            repeat.children.push_back(std::move(node));
+            node = std::move(repeat);
+        }
+        return node;
+    }
+
+    int number() {
+        int value = 0;
+        const size_t begin = at_;
+        while (more() && std::isdigit(static_cast<unsigned char>(peek()))) {
+            value = value * 10 + (text_[at_++] - '0');
+            if (value > regex_max_count) error(concat("has a count above ", regex_max_count));
+        }
+        if (at_ == begin) error("has a count that is not a number");
+        return value;
+    }
+
+    RegexNode atom() {
+        if (take('(')) {
+            if (take('?')) {
+                if (take(':')) {
+                } else if ((take('<') || (take('P') && take('<'))) && more() && peek() != '=' && peek() != '!') {
+                    while (more() && peek() != '>') ++at_;  // a named group: the name changes nothing here
+                    if (!take('>')) error("has an unterminated group name");
+                } else {
+                    error("uses lookaround or a group flag, which is not supported");
+                }
+            }
+            RegexNode inside = alternation();
+            if (!take(')')) error("has an unmatched '('");
+            return inside;
+        }
+        if (take('[')) return from_ranges(char_class());
+        if (take('.')) return from_ranges({{0, '\n' - 1}, {'\n' + 1, 0x10FFFF}});
+        if (more() && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{' || peek() == ')'))
+            error("has a quantifier with nothing to repeat");
+        if (take('\\')) return from_ranges(escape(false));
+        return literal(code_point());
+    }
+
+    uint32_t code_point() {
+        int length = 0;
+        const uint32_t cp = static_cast<uint32_t>(code_point_at(text_, at_, &length));
+        at_ += static_cast<size_t>(length);
+        return cp;
+    }
+
+    static RegexNode literal(uint32_t cp) {
+        std::string bytes;
+        append_utf8(bytes, cp);
+        RegexNode node;
+        node.kind = RegexNode::Kind::Bytes;
+        for (char c : bytes) node.bytes.emplace_back(static_cast<uint8_t>(c), static_cast<uint8_t>(c));
+        return node;
+    }
+
+    uint32_t hex(int digits) {
+        uint32_t value = 0;
+        for (int i = 0; i < digits; ++i) {
+            if (!more() || !std::isxdigit(static_cast<unsigned char>(peek()))) error("has a malformed \\x or \\u escape");
+            const char c = text_[at_++];
+            value = value * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (c | 0x20) - 'a' + 10);
+        }
+        return value;
+    }
+
+    // After a backslash: the code points it stands for.
+    Ranges escape(bool in_class) {
+        if (!more()) error("ends with a lone backslash");
+        const char c = text_[at_++];
+        static const Ranges digits = {{'0', '9'}}, word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}},
+                            space = {{'\t', '\r'}, {' ', ' '}};
+        switch (c) {
+        case 'd': return digits;
+        case 'w': return word;
+        case 's': return space;
+        case 'D': return complement(digits);
+        case 'W': return complement(word);
+        case 'S': return complement(space);
+        case 'n': return {{'\n', '\n'}};
+        case 't': return {{'\t', '\t'}};
+        case 'r': return {{'\r', '\r'}};
+        case 'f': return {{'\f', '\f'}};
+        case 'v': return {{'\v', '\v'}};
+        case '0': return {{0, 0}};
+        case 'x': { const uint32_t v = hex(2); return {{v, v}}; }
+        case 'u': { const uint32_t v = hex(4); return {{v, v}}; }
+        case 'b': if (in_class) return {{'\b', '\b'}}; [[fallthrough]];
+        default:
+            if (std::isalnum(static_cast<unsigned char>(c))) {
+                --at_;
+                error(concat("uses \\", c, ", which is not supported (backreferences, \\b, \\p and the like need more than an automaton)"));
+            }
+            --at_;
+            const uint32_t cp = code_point();  // an escaped punctuation character stands for itself
+            return {{cp, cp}};
+        }
+    }
+
+    Ranges char_class() {
+        const bool negated = take('^');
+        Ranges ranges;
+        auto member = [&] {
+            if (take('\\')) return escape(true);
+            const uint32_t cp = code_point();
+            return Ranges{{cp, cp}};
+        };
+        while (more() && peek() != ']') {
+            Ranges item = member();
+            const bool single = item.size() == 1 && item[0].first == item[0].second;
+            if (single && more() && peek() == '-' && at_ + 1 < text_.size() && text_[at_ + 1] != ']') {
+                ++at_;
+                const Ranges upper = member();
+                if (upper.size() != 1 || upper[0].first != upper[0].second) error("has a range whose end is a class");
+                if (upper[0].first < item[0].first) error("has a range whose end comes before its start");
+                item[0].second = upper[0].first;
+            }
+            ranges.insert(ranges.end(), item.begin(), item.end());
+        }
+        if (!take(']')) error("has an unterminated [ class");
+        return negated ? complement(ranges) : ranges;
+    }
+
+    // Sorted, merged ranges of code points.
+    static Ranges normalized(Ranges ranges) {
+        std::sort(ranges.begin(), ranges.end());
+        Ranges out;
+        for (const auto& r : ranges) {
+            if (!out.empty() && r.first <= out.back().second + 1) out.back().second = std::max(out.back().second, r.second);
+            else out.push_back(r);
+        }
+        return out;
+    }
+
+    static Ranges complement(const Ranges& ranges) {
+        Ranges out;
+        uint32_t next = 0;
+        for (const auto& r : normalized(ranges)) {
+            if (r.first > next) out.emplace_back(next, r.first - 1);
+            next = r.second + 1;
+        }
+        if (next <= 0x10FFFF) out.emplace_back(next, 0x10FFFF);
+        return out;
+    }
+
+    // Code points to UTF-8 alternatives; surrogates (D800–DFFF) are no characters and are left out.
+    static RegexNode from_ranges(const Ranges& ranges) {
+        RegexNode any;
+        any.kind = RegexNode::Kind::Alternate;
+        for (auto [lo, hi] : normalized(ranges)) {
+            if (lo <= 0xD7FF) utf8_ranges(lo, std::min<uint32_t>(hi, 0xD7FF), any.children);
+            if (hi >= 0xE000) utf8_ranges(std::max<uint32_t>(lo, 0xE000), hi, any.children);
+        }
+        if (any.children.empty()) any.never = true;
+        return any;
+    }
+
+    std::string_view text_;
+    size_t at_ = 0;
+};
+
+// Propagates "matches nothing" upwards, so that every node left can match something: the automaton then needs no
+// test for dead ends beyond an empty set of states.
+inline void simplify(RegexNode& node) {
+    using Kind = RegexNode::Kind;
+    for (RegexNode& child : node.children) simplify(child);
+    if (node.kind == Kind::Concat)
+        node.never = std::any_of(node.children.begin(), node.children.end(), [](const RegexNode& c) { return c.never; });
+    if (node.kind == Kind::Alternate) {
+        std::erase_if(node.children, [](const RegexNode& c) { return c.never; });
+        node.never = node.children.empty();
+    }
+    if (node.kind == Kind::Repeat && node.children[0].never) {
+        node.never = node.min > 0;
+        if (!node.never) node = RegexNode{};  // x{0,m} of nothing: the empty string
+    }
+}
+
+// Thompson's construction, built back to front: each node is compiled knowing the state that follows it.
+class NfaBuilder {
+public:
+    explicit NfaBuilder(Nfa& nfa, std::string_view pattern) : nfa_(nfa), pattern_(pattern) {}
+
+    int compile(const RegexNode& node, int next) {
+        using Kind = RegexNode::Kind;
+        switch (node.kind) {
+        case Kind::Bytes:
+            for (size_t i = node.bytes.size(); i-- > 0;) next = add({NfaState::Kind::Byte, node.bytes[i].first, node.bytes[i].second, next, -1});
+            return next;
+        case Kind::Concat:
+            for (size_t i = node.children.size(); i-- > 0;) next = compile(node.children[i], next);
+            return next;
+        case Kind::Alternate: {
+            int start = compile(node.children.back(), next);
+            for (size_t i = node.children.size() - 1; i-- > 0;) start = add({NfaState::Kind::Split, 0, 0, compile(node.children[i], next), start});
+            return start;
+        }
+        case Kind::Repeat: {
+            const RegexNode& body = node.children[0];
+            int current = next;
+            if (node.max < 0) {  // a loop: split into one more body (which comes back here) or out
+                const int loop = add({NfaState::Kind::Split, 0, 0, -1, next});
+                nfa_.states[static_cast<size_t>(loop)].next = compile(body, loop);
+                current = loop;
+            } else {
+                for (int i = node.min; i < node.max; ++i) current = add({NfaState::Kind::Split, 0, 0, compile(body, current), next});
+            }
+            for (int i = 0; i < node.min; ++i) current = compile(body, current);
+            return current;
+        }
+        }
+        return next;
+    }
+
+private:
+    int add(NfaState state) {
+        if (nfa_.states.size() >= regex_max_states)
+            fail("regular expression \"", pattern_.substr(0, 200), pattern_.size() > 200 ? "…" : "", "\" needs more than ",
+                 regex_max_states, " automaton states; reduce its counts {n,m}");
+        nfa_.states.push_back(state);
+        return static_cast<int>(nfa_.states.size()) - 1;
+    }
+    Nfa& nfa_;
+    std::string_view pattern_;
+};
+
+inline Nfa compile_regex(std::string_view pattern) {
+    RegexNode root = RegexParser(pattern).parse();
+    simplify(root);
+    if (root.never) fail("regular expression \"", pattern, "\" matches nothing");
+    Nfa nfa;
+    nfa.states.push_back({NfaState::Kind::Match, 0, 0, -1, -1});
+    nfa.start = NfaBuilder(nfa, pattern).compile(root, 0);
+    return nfa;
+}
+
+}  // namespace detail
+
+// ---- Languages as regular expressions: literals, choices, JSON ------------------------------------------------------
+
+// `text` matched literally.
+inline std::string regex_escape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+        if (std::strchr("\\.^$|?*+()[]{}/-", c) && c != '\0') out += '\\';
+        out += c;
+    }
+    return out;
+}
+
+// Exactly one of `choices` (vLLM's guided_choice).
+inline std::string regex_for_choices(const std::vector<std::string>& choices) {
+    if (choices.empty()) fail("a choice list must hold at least one string");
+    std::string out = "(";
+    for (size_t i = 0; i < choices.size(); ++i) out += (i ? "|" : "") + regex_escape(choices[i]);
+    return out + ")";
+}
+
+namespace json_regex {
+// JSON's pieces. Whitespace: an optional single space after ':' and ',', none elsewhere: models often write
+// {"a": 1, "b": 2}, and unbounded whitespace would let a model pad forever.
+inline const std::string space = "[ ]?";
+inline const std::string string_char = R"(([^"\\\x00-\x1F]|\\(["\\/bfnrt]|u[0-9a-fA-F]{4})))";
+inline const std::string string = "\"" + string_char + "*\"";
+inline const std::string integer = "-?(0|[1-9][0-9]*)";
+inline const std::string number = integer + R"((\.[0-9]+)?([eE][+-]?[0-9]+)?)";
+inline const std::string scalar = "(" + string + "|" + number + "|true|false|null)";
+
+// Any JSON value nested at most `depth` objects/arrays deep (0: scalars only).
+inline std::string any_value(int depth) {
+    if (depth <= 0) return scalar;
+    const std::string inner = any_value(depth - 1);
+    const std::string object = "\\{(" + string + ":" + space + inner + "(," + space + string + ":" + space + inner + ")*)?\\}";
+    const std::string array = "\\[(" + inner + "(," + space + inner + ")*)?\\]";
+    return "(" + scalar.substr(1, scalar.size() - 2) + "|" + object + "|" + array + ")";
+}
+}  // namespace json_regex
+
+// OpenAI's response_format {"type": "json_object"}: one JSON object, nested at most `depth` levels (objects and arrays).
+inline std::string regex_for_json_object(int depth = 4) {
+    const std::string inner = json_regex::any_value(depth - 1);
+    const std::string& s = json_regex::string;
+    return "\\{(" + s + ":" + json_regex::space + inner + "(," + json_regex::space + s + ":" + json_regex::space + inner + ")*)?\\}";
+}
+
+namespace detail {
+
+// The integers in [lo, hi] (both >= 0) as decimal text without leading zeros: split into ranges of equal length whose
+// digits vary independently, the classic construction.
+inline std::string natural_range(uint64_t lo, uint64_t hi) {
+    if (lo > hi) return "[]";
+    std::vector<std::string> parts;
+    std::function<void(uint64_t, uint64_t)> split = [&](uint64_t a, uint64_t b) {
+        const std::string sa = std::to_string(a), sb = std::to_string(b);
+        if (sa.size() < sb.size()) {  // different lengths: up to 99…9 of a's length, then the rest
+            uint64_t nines = 9;
+            for (size_t i = 1; i < sa.size(); ++i) nines = nines * 10 + 9;
+            split(a, nines);
+            split(nines + 1, b);
+            return;
+        }
+        // Same length: the shared prefix, then one digit range, then free digits — when a and b allow it.
+        size_t common = 0;
+        while (common < sa.size() && sa[common] == sb[common]) ++common;
+        if (common == sa.size()) {
+            parts.push_back(sa);
+            return;
+        }
+        const bool a_low = sa.find_first_not_of('0', common + 1) == std::string::npos;
+        const bool b_high = sb.find_first_not_of('9', common + 1) == std::string::npos;
+        if (a_low && b_high) {
+            std::string part = sa.substr(0, common) + "[" + sa[common] + "-" + sb[common] + "]";
+            for (size_t i = common + 1; i < sa.size(); ++i) part += "[0-9]";
+            parts.push_back(part);
+            return;
+        }
+        uint64_t unit = 1;
+        for (size_t i = common + 1; i < sa.size(); ++i) unit *= 10;
+        if (!a_low) {  // a up to the end of its block
+            const uint64_t end = (a / unit) * unit + unit - 1;
+            split(a, end);
+            if (end < b) split(end + 1, b);
+            return;
+        }
+        const uint64_t start = (b / unit) * unit;  // b from the start of its block
+        split(a, start - 1);
+        split(start, b);
+    };
+    split(lo, hi);
+    std::string out = "(";
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? "|" : "") + parts[i];
+    return out + ")";
+}
+
+// Integers in [lo, hi], either bound optional.
+inline std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    if (!lo && !hi) return json_regex::integer;
+    if (lo && hi && *lo > *hi) return "[]";
+    const std::string unbounded_natural = "(0|[1-9][0-9]*)";
+    std::vector<std::string> parts;
+    // Naturals in [max(lo, 0), hi]: hi absent means every natural from lo on (lo's range up to its length's 9…9,
+    // then any longer number).
+    if (!hi || *hi >= 0) {
+        const uint64_t a = lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0;
+        if (hi) {
+            parts.push_back(natural_range(a, static_cast<uint64_t>(*hi)));
+        } else if (a == 0) {
+            parts.push_back(unbounded_natural);
+        } else {
+            const size_t digits = std::to_string(a).size();
+            uint64_t nines = 0;
+            for (size_t i = 0; i < digits; ++i) nines = nines * 10 + 9;
+            parts.push_back(natural_range(a, nines));
+            parts.push_back("[1-9][0-9]{" + std::to_string(digits) + ",}");
+        }
+    }
+    // Negatives in [lo, min(hi, -1)]: "-" and the magnitudes.
+    if (!lo || *lo < 0) {
+        const uint64_t smallest = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
+        if (lo) {
+            parts.push_back("-" + natural_range(smallest, static_cast<uint64_t>(-*lo)));
+        } else {
+            const size_t digits = std::to_string(smallest).size();
+            uint64_t nines = 0;
+            for (size_t i = 0; i < digits; ++i) nines = nines * 10 + 9;
+            parts.push_back("-" + natural_range(smallest, nines));
+            parts.push_back("-[1-9][0-9]{" + std::to_string(digits) + ",}");
+        }
+    }
+    std::string out = "(";
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? "|" : "") + parts[i];
+    return out + ")";
+}
+
+// A JSON Schema (the subset structured outputs use) as a regular expression over its JSON text. Every keyword is
+// either honoured, an annotation (title, description…) or refused by name with its place in the schema.
+class JsonSchemaWriter {
+public:
+    JsonSchemaWriter(const Json& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+    std::string value(const Json& schema, const std::string& path) {
+        if (schema.is_bool()) return schema.as_bool() ? json_regex::any_value(any_depth) : "[]";
+        if (!schema.is_object()) refuse(path, "a schema must be an object or a boolean");
+        for (const auto& [key, _] : schema.as_object()) {
+            static const std::set<std::string, std::less<>> unsupported = {
+                "pattern", "patternProperties", "multipleOf", "uniqueItems", "contains", "minContains", "maxContains",
+                "prefixItems", "propertyNames", "minProperties", "maxProperties", "dependentRequired", "dependentSchemas",
+                "if", "then", "else", "not", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "additionalItems"};
+            if (unsupported.count(key)) refuse(path, concat("keyword \"", key, "\" is not supported by structured outputs"));
+        }
+        if (const Json* ref = schema.find("$ref")) return reference(*ref, path);
+        if (const Json* c = schema.find("const")) return regex_escape(c->dump());
+        if (const Json* e = schema.find("enum")) {
+            if (!e->is_array() || e->as_array().empty()) refuse(path + "/enum", "\"enum\" must be a non-empty array");
+            std::vector<std::string> literals;
+            for (const Json& item : e->as_array()) literals.push_back(item.dump());
+            return regex_for_choices(literals);
+        }
+        for (const char* key : {"anyOf", "oneOf"})
+            if (const Json* options = schema.find(key)) {
+                if (!options->is_array() || options->as_array().empty()) refuse(path + "/" + key, "must be a non-empty array");
+                std::string out = "(";
+                for (size_t i = 0; i < options->as_array().size(); ++i)
+                    out += (i ? "|" : "") + value(options->as_array()[i], concat(path, "/", key, "/", i));
+                return out + ")";
+            }
+        if (const Json* all = schema.find("allOf")) {
+            if (!all->is_array() || all->as_array().size() != 1) refuse(path + "/allOf", "\"allOf\" is supported with one schema only");
+            return value(all->as_array()[0], path + "/allOf/0");
+        }
+        const Json* type = schema.find("type");
+        if (!type) {  // no type: what the other keywords say, else anything
+            if (schema.find("properties")) return object(schema, path);
+            if (schema.find("items")) return array(schema, path);
+            return json_regex::any_value(any_depth);
+        }
+        if (type->is_array()) {
+            std::string out = "(";
+            for (size_t i = 0; i < type->as_array().size(); ++i) {
+                if (!type->as_array()[i].is_string()) refuse(path + "/type", "\"type\" must name types");
+                out += (i ? "|" : "") + typed(schema, type->as_array()[i].as_string(), path);
+            }
+            return out + ")";
+        }
+        if (!type->is_string()) refuse(path + "/type", "\"type\" must be a string or an array of strings");
+        return typed(schema, type->as_string(), path);
+    }
+
+    static constexpr int any_depth = 3;  // nesting allowed where a schema says "any value"
+
+private:
+    [[noreturn]] void refuse(const std::string& path, const std::string& what) const {
+        fail(origin_, " at ", path.empty() ? "/" : path, ": ", what);
+    }
+
+    std::string typed(const Json& schema, const std::string& type, const std::string& path) {
+        if (type == "object") return object(schema, path);
+        if (type == "array") return array(schema, path);
+        if (type == "string") return string(schema, path);
+        if (type == "integer") return integer(schema, path);
+        if (type == "number") {
+            for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+                if (schema.find(key)) refuse(path, concat("keyword \"", key, "\" is supported for integers only"));
+            return json_regex::number;
+        }
+        if (type == "boolean") return "(true|false)";
+        if (type == "null") return "null";
+        refuse(path + "/type", concat("unknown type \"", type, "\""));
+    }
+
+    std::optional<int64_t> whole(const Json& schema, const char* key, const std::string& path) const {
+        const Json* v = schema.find(key);
+        if (!v) return std::nullopt;
+        if (!v->is_number() || v->as_number() != std::floor(v->as_number()) || std::abs(v->as_number()) > 1e15)
+            refuse(path + "/" + key, concat("\"", key, "\" must be a whole number"));
+        return static_cast<int64_t>(v->as_number());
+    }
+
+    std::string integer(const Json& schema, const std::string& path) {
+        std::optional<int64_t> lo = whole(schema, "minimum", path), hi = whole(schema, "maximum", path);
+        if (auto e = whole(schema, "exclusiveMinimum", path)) lo = lo ? std::max(*lo, *e + 1) : *e + 1;
+        if (auto e = whole(schema, "exclusiveMaximum", path)) hi = hi ? std::min(*hi, *e - 1) : *e - 1;
+        return integer_range(lo, hi);
+    }
+
+    std::string string(const Json& schema, const std::string& path) {
+        if (const Json* format = schema.find("format")) {
+            static const std::map<std::string, std::string, std::less<>> formats = {
+                {"date", R"re("[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])")re"},
+                {"time", R"re("([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?")re"},
+                {"date-time", R"re("[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")re"},
+                {"uuid", R"re("[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")re"},
+            };
+            if (!format->is_string() || !formats.count(format->as_string()))
+                refuse(path + "/format", concat("format ", format->dump(), " is not supported (supported: date, time, date-time, uuid)"));
+            return formats.find(format->as_string())->second;
+        }
+        const int64_t min = whole(schema, "minLength", path).value_or(0);
+        const std::optional<int64_t> max = whole(schema, "maxLength", path);
+        if (min < 0 || (max && *max < min) || min > regex_max_count || (max && *max > regex_max_count))
+            refuse(path, concat("minLength/maxLength must satisfy 0 <= minLength <= maxLength <= ", regex_max_count));
+        if (min == 0 && !max) return json_regex::string;
+        return "\"" + json_regex::string_char + "{" + std::to_string(min) + "," + (max ? std::to_string(*max) : "") + "}\"";
+    }
+
+    std::string array(const Json& schema, const std::string& path) {
+        const Json* items = schema.find("items");
+        const std::string item = items ? value(*items, path + "/items") : json_regex::any_value(any_depth - 1);
+        const int64_t min = whole(schema, "minItems", path).value_or(0);
+        const std::optional<int64_t> max = whole(schema, "maxItems", path);
+        if (min < 0 || (max && *max < min) || min > regex_max_count || (max && *max > regex_max_count))
+            refuse(path, concat("minItems/maxItems must satisfy 0 <= minItems <= maxItems <= ", regex_max_count));
+        if (max && *max == 0) return "\\[\\]";
+        const std::string more = "(," + json_regex::space + item + "){" + std::to_string(std::max<int64_t>(min - 1, 0)) + "," +
+                                 (max ? std::to_string(*max - 1) : "") + "}";
+        const std::string some = item + more;
+        return "\\[" + (min == 0 ? "(" + some + ")?" : some) + "\\]";
+    }
+
+    // Properties in the schema's order; the required ones always, the others optional. A comma goes before every
+    // property but the first one written, so the expression tracks whether one has been written yet.
+    std::string object(const Json& schema, const std::string& path) {
+        const Json* properties = schema.find("properties");
+        if (const Json* extra = schema.find("additionalProperties"); extra && !(extra->is_bool() && !extra->as_bool()) && properties)
+            refuse(path + "/additionalProperties", "only false is supported beside \"properties\" (the output has exactly the properties listed)");
+        if (!properties) {
+            if (const Json* extra = schema.find("additionalProperties"); extra && extra->is_bool() && !extra->as_bool()) return "\\{\\}";
+            return regex_for_json_object(any_depth);
+        }
+        if (!properties->is_object()) refuse(path + "/properties", "\"properties\" must be an object");
+        std::set<std::string, std::less<>> required;
+        if (const Json* r = schema.find("required")) {
+            if (!r->is_array()) refuse(path + "/required", "\"required\" must be an array of names");
+            for (const Json& name : r->as_array()) {
+                if (!name.is_string() || !properties->find(name.as_string()))
+                    refuse(path + "/required", concat("names ", name.dump(), ", which is not in \"properties\""));
+                required.insert(name.as_string());
+            }
+        }
+        std::vector<std::pair<std::string, bool>> members;  // "key": value, required
+        for (const auto& [key, sub] : properties->as_object())
+            members.emplace_back(regex_escape(Json(key).dump()) + ":" + json_regex::space + value(sub, path + "/properties/" + key),
+                                 required.count(key) > 0);
+        // after[i]: the members from i on, once one has been written (each with its comma).
+        std::vector<std::string> after(members.size() + 1);
+        for (size_t i = members.size(); i-- > 0;) {
+            const std::string one = "," + json_regex::space + members[i].first;
+            after[i] = (members[i].second ? one : "(" + one + ")?") + after[i + 1];
+        }
+        // first(i): the members from i on, none written yet.
+        std::string none_yet;  // first(members.size()): nothing left, nothing written
+        for (size_t i = members.size(); i-- > 0;) {
+            const std::string with = members[i].first + after[i + 1];
+            none_yet = members[i].second ? with : "(" + with + (none_yet.empty() ? ")?" : "|" + none_yet + ")");
+        }
+        return "\\{" + none_yet + "\\}";
+    }
+
+    std::string reference(const Json& ref, const std::string& path) {
+        if (!ref.is_string()) refuse(path + "/$ref", "\"$ref\" must be a string");
+        const std::string& target = ref.as_string();
+        const Json* found = nullptr;
+        for (const char* prefix : {"#/$defs/", "#/definitions/"})
+            if (target.starts_with(prefix)) {
+                const Json* defs = root_.find(std::string_view(prefix + 2, std::strlen(prefix) - 3));
+                if (defs) found = defs->find(target.substr(std::strlen(prefix)));
+            }
+        if (target == "#") found = &root_;
+        if (!found) refuse(path + "/$ref", concat("\"", target, "\" is not a definition of this schema (#/$defs/NAME)"));
+        // A recursive schema (a tree) unrolls to a bounded depth; past it the reference matches nothing, so only its
+        // non-recursive alternatives remain.
+        int& depth = expanding_[target];
+        if (depth >= max_ref_depth) return "[]";
+        ++depth;
+        std::string out = value(*found, target.substr(1));
+        --depth;
+        return out;
+    }
+
+    static constexpr int max_ref_depth = 3;
+    const Json& root_;
+    std::string origin_;
+    std::map<std::string, int> expanding_;
+};
+
+}  // namespace detail
+
+// A JSON Schema as a regular expression over the JSON text it allows. `origin` names it in messages.
+inline std::string regex_for_json_schema(const Json& schema, const std::string& origin = "JSON schema") {
+    return detail::JsonSchemaWriter(schema, origin).value(schema, "");
+}
+
 
 }  // namespace infer
