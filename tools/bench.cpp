@@ -74,12 +74,7 @@ void make_folder(const std::string& dir) {
     if (error) infer::fail("option --svg: cannot create ", dir, ": ", error.message());
 }
 
-std::string rate_text(double rate) {
-    if (std::isinf(rate)) return "inf";
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", rate);
-    return text;
-}
+using bench::rate_text;
 
 // ---- bench engine ---------------------------------------------------------------------------------------------------
 
@@ -515,30 +510,20 @@ int run_serve_bench(const CommandLine& options) {
         }
     }
     if (sweep.size() > 1) {
-        int knee = bench::find_knee(sweep, !o.slo.empty());
+        const bench::Knee knee = bench::find_knee(sweep, !o.slo.empty());
         std::printf("| rate req/s | req/s | goodput req/s | output tok/s | p99 TTFT ms | p99 TPOT ms | met |\n"
                     "|-----------:|------:|--------------:|-------------:|------------:|------------:|-----|\n");
         for (const bench::SweepPoint& p : sweep)
             std::printf("| %10s | %5.2f | %13.2f | %12.1f | %11.2f | %11.2f | %-3s |\n", rate_text(p.rate).c_str(),
                         p.metrics.request_throughput, p.metrics.request_goodput, p.metrics.output_throughput,
                         p.metrics.ttft_ms.p99, p.metrics.tpot_ms.p99, bench::sweep_point_met(p, !o.slo.empty()) ? "yes" : "no");
-        const std::string criterion = o.slo.empty() ? "completed req/s >= 90% of the offered rate, no failures"
-                                                    : ">= 90% of requests within the SLO " + bench::slo_text(o.slo);
-        if (knee >= 0) std::printf("knee: %s requests/s (the highest rate with %s)\n", rate_text(sweep[knee].rate).c_str(), criterion.c_str());
-        else std::printf("knee: none (even the lowest rate misses: %s)\n", criterion.c_str());
-        report["knee"] = {{"rate", knee < 0 ? json(nullptr) : std::isinf(sweep[knee].rate) ? json("inf") : json(sweep[knee].rate)},
-                          {"criterion", criterion}};
-        if (options.has("--svg")) {
-            bench::Chart chart{"throughput vs offered rate", "offered rate (requests/s)", "tokens/s", false, false, {}, {}, {}};
-            bench::Series out{"output tok/s", {}, true, false, {}}, total_tokens{"total tok/s", {}, true, false, {}};
-            for (const bench::SweepPoint& p : sweep)
-                if (std::isfinite(p.rate)) {
-                    out.points.push_back({p.rate, p.metrics.output_throughput});
-                    total_tokens.points.push_back({p.rate, p.metrics.total_token_throughput});
-                }
-            chart.series = {out, total_tokens};
-            bench::write_svg_file(options.text("--svg") + "/throughput_vs_rate.svg", chart);
-        }
+        const std::string criterion = bench::knee_criterion(o.slo);
+        std::printf("%s\n", bench::knee_text(sweep, knee, criterion).c_str());
+        const double knee_rate = knee.index >= 0 ? sweep[static_cast<size_t>(knee.index)].rate : 0;
+        report["knee"] = {{"rate", knee.index < 0 ? json(nullptr) : std::isinf(knee_rate) ? json("inf") : json(knee_rate)},
+                          {"criterion", criterion + ", with " + bench::latency_rule()}};
+        if (options.has("--svg"))
+            bench::write_svg_file(options.text("--svg") + "/throughput_vs_rate.svg", bench::throughput_chart(sweep));
     } else {
         report["knee"] = nullptr;
     }

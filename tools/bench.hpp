@@ -24,6 +24,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -33,6 +34,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -87,15 +90,25 @@ inline Summary summarize(const std::vector<double>& values) {
 
 // The layers a server reports in its `infer_timing` extension field ("<layer>_ms"), in the order a request meets
 // them; "other" is the server's own remainder (its e2e minus the layers it timed). e2e_ms is the server's total, not
-// a layer. A layer the server leaves out counts 0. http_parse, tokenize, route and prefill happen before the first
-// token. Queue is the engine's waiting time over the request's whole life (before admission, and between the steps
-// it runs in), and the server does not split it at the first token: the TTFT table gives queue what is left of the
-// measured TTFT after the other four, up to the queue's total (see compute_breakdown).
-inline constexpr size_t layer_count = 11;
+// a layer. A layer the server leaves out counts 0, so a server that predates a layer still reads. Route is the
+// router's choice alone; step_wait is the time the request then waits for the engine loop to end the step it is in
+// before the engine takes it. http_parse, tokenize, route, step_wait and prefill happen before the first token.
+// Queue is the engine's waiting time over the request's whole life (before admission, and between the steps it runs
+// in), and the server does not split it at the first token: the TTFT table gives queue what is left of the measured
+// TTFT after the other five, up to the queue's total (see compute_breakdown).
+inline constexpr size_t layer_count = 12;
 inline constexpr std::array<const char*, layer_count> layer_names = {
-    "http_parse", "tokenize", "route", "queue", "schedule", "prefill", "decode", "sample", "detokenize", "http_write", "other"};
-inline constexpr std::array<bool, layer_count> layer_before_first_token = {true, true, true, true, false, true,
+    "http_parse", "tokenize", "route", "step_wait", "queue", "schedule", "prefill", "decode", "sample", "detokenize",
+    "http_write", "other"};
+inline constexpr std::array<bool, layer_count> layer_before_first_token = {true, true, true, true, true, false, true,
                                                                            false, false, false, false, false};
+
+// The position of a layer in layer_names (layer_count if it is not one), so code names layers rather than counting.
+inline constexpr size_t layer_index(std::string_view name) {
+    for (size_t i = 0; i < layer_count; ++i)
+        if (std::string_view(layer_names[i]) == name) return i;
+    return layer_count;
+}
 
 struct LayerTiming {
     std::array<double, layer_count> ms{};  // in layer_names order
@@ -247,18 +260,37 @@ inline Metrics compute_metrics(const std::vector<RequestRecord>& records, double
 // =====================================================================================================================
 // The knee of a rate sweep
 // =====================================================================================================================
-// With an SLO, a rate "meets" it when at least `attainment` of its requests are good (goodput ≥ 90% of throughput by
-// default, the SLO-attainment convention of DistServe and of SGLang's bench_serving). Without one, a rate is met
-// when the server keeps up: completed requests per second ≥ `attainment` × the rate offered. The knee is the highest
-// rate met such that every lower rate in the sweep is met too (a noisy pass beyond the first miss does not count).
-// Returns the index into `runs`, or -1 when even the lowest rate misses.
+// A sweep raises the offered rate until the server stops keeping up; the knee is the last rate before that bend: the
+// most load the server takes while still serving as it did at lower rates. A rate bends when it is not met, or when
+// its latency jumps. With an SLO, a rate is met when at least `attainment` of its requests are good (goodput ≥ 90% of
+// throughput by default, the SLO-attainment convention of DistServe and of SGLang's bench_serving); without one, when
+// the server keeps up: completed requests per second ≥ `attainment` × the rate offered, and none failed. A latency
+// jump is a median TTFT or E2E at least `latency_jump` times the next lower rate's: a queue that has started to grow
+// shows there while every request still meets a loose SLO. Medians, not p99s, so one unlucky request is no bend. The
+// first bend in rate order counts (a noisy pass beyond it does not). When no rate bends there is no knee within the
+// rates tested: the highest rate is only a lower bound on it, and the report says so rather than call it the knee.
+
+inline constexpr double knee_attainment = 0.9, knee_latency_jump = 2.0;
 
 struct SweepPoint {
     double rate = 0;  // offered requests/s (inf: all at once)
     Metrics metrics;
 };
 
-inline bool sweep_point_met(const SweepPoint& point, bool have_slo, double attainment = 0.9) {
+struct Knee {
+    int index = -1;   // the knee, into the sweep as given; -1 when there is none
+    int bend = -1;    // the first rate that bent, into the sweep as given; -1 when every rate tested kept up
+    std::string why;  // what bent there
+};
+
+inline std::string rate_text(double rate) {
+    if (std::isinf(rate)) return "inf";
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", rate);
+    return text;
+}
+
+inline bool sweep_point_met(const SweepPoint& point, bool have_slo, double attainment = knee_attainment) {
     const Metrics& m = point.metrics;
     if (m.completed == 0) return false;
     if (have_slo) return m.good >= attainment * (m.completed + m.failed);
@@ -266,16 +298,69 @@ inline bool sweep_point_met(const SweepPoint& point, bool have_slo, double attai
     return m.failed == 0 && m.request_throughput >= attainment * point.rate;
 }
 
-inline int find_knee(std::vector<SweepPoint> points, bool have_slo, double attainment = 0.9) {
+// What a sweep's rates are held to, as the report prints it.
+inline std::string knee_criterion(const Slo& slo, double attainment = knee_attainment) {
+    const std::string percent = std::to_string(static_cast<int>(std::lround(100 * attainment))) + "%";
+    return slo.empty() ? "completed req/s >= " + percent + " of the offered rate, no failures"
+                       : ">= " + percent + " of requests within the SLO " + slo_text(slo);
+}
+
+// The latency half of the rule, as the report prints it.
+inline std::string latency_rule(double latency_jump = knee_latency_jump) {
+    char text[80];
+    std::snprintf(text, sizeof text, "no median TTFT or E2E rising %gx over the next lower rate's", latency_jump);
+    return text;
+}
+
+// Why `point` bends, given the next lower rate's point (null for the lowest); empty when it does not.
+inline std::string bend_reason(const SweepPoint& point, const SweepPoint* lower, bool have_slo,
+                               double attainment = knee_attainment, double latency_jump = knee_latency_jump) {
+    const Metrics& m = point.metrics;
+    char text[160];
+    if (!sweep_point_met(point, have_slo, attainment)) {
+        const int percent = static_cast<int>(std::lround(100 * attainment));
+        if (have_slo) std::snprintf(text, sizeof text, "%d of %d requests met the SLO, under %d%%", m.good, m.completed + m.failed, percent);
+        else if (m.completed == 0) std::snprintf(text, sizeof text, "no request completed");
+        else if (m.failed > 0) std::snprintf(text, sizeof text, "%d of %d requests failed", m.failed, m.completed + m.failed);
+        else std::snprintf(text, sizeof text, "it completed %.2f req/s, under %d%% of the rate offered", m.request_throughput, percent);
+        return text;
+    }
+    if (!lower) return "";
+    for (auto [name, before, after] : {std::tuple{"TTFT", lower->metrics.ttft_ms.median, m.ttft_ms.median},
+                                       std::tuple{"E2E", lower->metrics.e2el_ms.median, m.e2el_ms.median}})
+        if (before > 0 && after >= latency_jump * before) {
+            std::snprintf(text, sizeof text, "the median %s rose %.1fx, from %.2f to %.2f ms", name, after / before, before, after);
+            return text;
+        }
+    return "";
+}
+
+inline Knee find_knee(const std::vector<SweepPoint>& points, bool have_slo, double attainment = knee_attainment,
+                      double latency_jump = knee_latency_jump) {
     std::vector<size_t> order(points.size());
     std::iota(order.begin(), order.end(), size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return points[a].rate < points[b].rate; });
-    int knee = -1;
-    for (size_t i : order) {
-        if (!sweep_point_met(points[i], have_slo, attainment)) break;
-        knee = static_cast<int>(i);
+    for (size_t k = 0; k < order.size(); ++k) {
+        const SweepPoint* lower = k > 0 ? &points[order[k - 1]] : nullptr;
+        std::string why = bend_reason(points[order[k]], lower, have_slo, attainment, latency_jump);
+        if (!why.empty()) return {k > 0 ? static_cast<int>(order[k - 1]) : -1, static_cast<int>(order[k]), why};
     }
-    return knee;
+    return {};
+}
+
+// The sweep's conclusion, one line. With no bend the highest rate is not named as the knee: the knee lies above it.
+inline std::string knee_text(const std::vector<SweepPoint>& points, const Knee& knee, const std::string& criterion,
+                             double latency_jump = knee_latency_jump) {
+    if (knee.index >= 0)
+        return "knee: " + rate_text(points[static_cast<size_t>(knee.index)].rate) + " requests/s (the last rate before " +
+               rate_text(points[static_cast<size_t>(knee.bend)].rate) + " requests/s, where " + knee.why + ")";
+    if (knee.bend >= 0) return "knee: none (even the lowest rate misses: " + criterion + ")";
+    double highest = 0;
+    for (const SweepPoint& p : points) highest = std::max(highest, p.rate);
+    const std::string held = "every rate met " + criterion + ", with " + latency_rule(latency_jump);
+    if (std::isinf(highest))
+        return "knee: no knee up to inf requests/s (all at once): " + held + "; a larger --num-prompts loads it harder";
+    return "knee: no knee up to " + rate_text(highest) + " requests/s: raise --rate (" + held + ")";
 }
 
 // =====================================================================================================================
@@ -419,6 +504,9 @@ inline std::string layer_hint(const std::string& layer, bool of_ttft) {
     if (layer == "tokenize" || layer == "detokenize") return "the tokenizer is the bottleneck: profile it, cache encodings, or move it off the serving thread.";
     if (layer == "http_parse" || layer == "http_write") return "the HTTP framework dominates: fewer/larger writes, keep-alive, a faster server library.";
     if (layer == "route") return "routing dominates: the router's choice costs more than it saves.";
+    if (layer == "step_wait")
+        return "waiting for the engine's current step: steps are long (big batches or long prefills); a smaller "
+               "--max-batch-tokens shortens them.";
     if (layer == "other") return "server time outside the timed layers: locks, thread hand-offs, allocation.";
     if (layer == "schedule") return "scheduling overhead dominates: the scheduler does too much per step.";
     if (layer == "sample") return "sampling dominates: a large vocabulary's sort for top-k/top-p; partial sorts help.";
@@ -427,7 +515,7 @@ inline std::string layer_hint(const std::string& layer, bool of_ttft) {
 
 inline Breakdown compute_breakdown(const std::vector<RequestRecord>& records) {
     Breakdown b;
-    constexpr size_t queue = 3;  // layer_names[3]
+    constexpr size_t queue = layer_index("queue");
     std::array<double, layer_count> sums{}, before_first{};
     double ttft_sum = 0, e2e_sum = 0, accounted_before_first = 0, accounted = 0;
     for (const RequestRecord& r : records) {
@@ -516,6 +604,7 @@ struct Chart {
     std::vector<Series> series;
     std::vector<Rect> rects;
     std::vector<std::pair<std::string, std::string>> legend_rects;  // name, colour
+    std::string inf_x_label;  // set: points at x = +inf are drawn past the finite x axis, at a tick with this label
 };
 
 inline std::string svg_escape(std::string_view text) {
@@ -551,18 +640,41 @@ inline std::vector<double> axis_ticks(double low, double high, bool log) {
     return ticks;
 }
 
+// The width of a label in the charts' 12 px sans-serif, estimated at 7 px a character (a UTF-8 continuation byte is
+// not a character): generous for most glyphs, so a layout sized by it does not clip.
+inline double text_width(std::string_view text) {
+    double characters = 0;
+    for (unsigned char c : text) characters += (c & 0xC0) != 0x80;
+    return 7 * characters;
+}
+
 inline void write_svg(std::ostream& out, const Chart& chart) {
     static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
-    const double width = 760, height = 460, left = 80, right = 180, top = 40, bottom = 60;
+    const double plot_w = 500, height = 460, left = 80, top = 40, bottom = 60;
+    // The legend (a 12 px swatch, then the name 30 px right of the plot) sets the right margin: the chart grows to
+    // hold its longest name rather than clip it.
+    double legend_w = 0;
+    for (const Series& s : chart.series) legend_w = std::max(legend_w, text_width(s.name));
+    for (const auto& [name, color] : chart.legend_rects) legend_w = std::max(legend_w, text_width(name));
+    const double right = std::max(180.0, 30 + legend_w + 10), width = left + plot_w + right;
+    const bool inf_x_shown = !chart.inf_x_label.empty();
+    auto shown = [&](double x, double y) {
+        const bool x_ok = std::isfinite(x) || (inf_x_shown && x > 0 && std::isinf(x));
+        return x_ok && std::isfinite(y) && !(chart.log_x && x <= 0) && !(chart.log_y && y <= 0);
+    };
+    bool has_inf_x = false;
     double x_low = std::numeric_limits<double>::infinity(), x_high = -x_low, y_low = x_low, y_high = -x_low;
     auto extend = [&](double x, double y) {
-        if (!std::isfinite(x) || !std::isfinite(y) || (chart.log_x && x <= 0) || (chart.log_y && y <= 0)) return;
-        x_low = std::min(x_low, x), x_high = std::max(x_high, x), y_low = std::min(y_low, y), y_high = std::max(y_high, y);
+        if (!shown(x, y)) return;
+        if (std::isinf(x)) has_inf_x = true;
+        else x_low = std::min(x_low, x), x_high = std::max(x_high, x);
+        y_low = std::min(y_low, y), y_high = std::max(y_high, y);
     };
     for (const Series& s : chart.series)
         for (auto [x, y] : s.points) extend(x, y);
     for (const Rect& r : chart.rects) extend(r.x0, r.y0), extend(r.x1, r.y1);
-    if (!std::isfinite(x_low)) x_low = chart.log_x ? 1 : 0, x_high = x_low + 1, y_low = chart.log_y ? 1 : 0, y_high = y_low + 1;
+    if (!std::isfinite(x_low)) x_low = chart.log_x ? 1 : 0, x_high = x_low + 1;
+    if (!std::isfinite(y_low)) y_low = chart.log_y ? 1 : 0, y_high = y_low + 1;
     if (!chart.log_y && y_low > 0) y_low = 0;  // linear charts start at zero, so heights compare honestly
     if (!chart.log_x && x_low > 0 && chart.rects.empty()) x_low = 0;
     if (chart.log_x) x_low = std::pow(10, std::floor(std::log10(x_low))), x_high = std::pow(10, std::ceil(std::log10(x_high)));
@@ -570,10 +682,13 @@ inline void write_svg(std::ostream& out, const Chart& chart) {
     if (x_high <= x_low) x_high = x_low + (chart.log_x ? x_low * 9 : 1);
     if (y_high <= y_low) y_high = y_low + (chart.log_y ? y_low * 9 : 1);
     if (!chart.log_y) y_high *= 1.05;
-    const double plot_w = width - left - right, plot_h = height - top - bottom;
+    const double plot_h = height - top - bottom;
+    // An x of +inf has no place on the axis: it gets the last 60 px of the plot, past the largest finite x.
+    const double finite_w = has_inf_x ? plot_w - 60 : plot_w, inf_x = left + plot_w - 30;
     auto px = [&](double x) {
+        if (std::isinf(x)) return inf_x;
         double f = chart.log_x ? std::log10(x / x_low) / std::log10(x_high / x_low) : (x - x_low) / (x_high - x_low);
-        return left + plot_w * f;
+        return left + finite_w * f;
     };
     auto py = [&](double y) {
         double f = chart.log_y ? std::log10(y / y_low) / std::log10(y_high / y_low) : (y - y_low) / (y_high - y_low);
@@ -588,6 +703,10 @@ inline void write_svg(std::ostream& out, const Chart& chart) {
             << "\" stroke=\"#ddd\"/>\n<text x=\"" << px(t) << "\" y=\"" << top + plot_h + 16 << "\" text-anchor=\"middle\">"
             << format_tick(t) << "</text>\n";
     }
+    if (has_inf_x)
+        out << "<line x1=\"" << inf_x << "\" y1=\"" << top << "\" x2=\"" << inf_x << "\" y2=\"" << top + plot_h
+            << "\" stroke=\"#ddd\"/>\n<text x=\"" << inf_x << "\" y=\"" << top + plot_h + 16 << "\" text-anchor=\"middle\">"
+            << svg_escape(chart.inf_x_label) << "</text>\n";
     for (double t : axis_ticks(y_low, y_high, chart.log_y)) {
         out << "<line x1=\"" << left << "\" y1=\"" << py(t) << "\" x2=\"" << left + plot_w << "\" y2=\"" << py(t)
             << "\" stroke=\"#ddd\"/>\n<text x=\"" << left - 6 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">"
@@ -609,7 +728,7 @@ inline void write_svg(std::ostream& out, const Chart& chart) {
         const char* color = colors[i % std::size(colors)];
         std::vector<std::pair<double, double>> visible;
         for (auto [x, y] : s.points)
-            if (std::isfinite(x) && std::isfinite(y) && !(chart.log_x && x <= 0) && !(chart.log_y && y <= 0)) visible.push_back({x, y});
+            if (shown(x, y)) visible.push_back({x, y});
         if (s.line && visible.size() > 1) {
             out << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\"";
             for (auto [x, y] : visible) out << px(x) << ',' << py(y) << ' ';
@@ -658,8 +777,22 @@ inline Chart latency_cdf_chart(const std::vector<RequestRecord>& records, const 
         if (r.output_tokens > 1) tpot.push_back(time_per_output_token(r) * 1e3);
         for (double gap : r.itl) itl.push_back(gap * 1e3);
     }
-    Chart chart{title, "milliseconds (log)", "fraction of requests (ITL: of gaps)", true, false, {}, {}, {}};
+    Chart chart{title, "milliseconds (log)", "fraction of requests (ITL: of gaps)", true, false, {}, {}, {}, {}};
     chart.series = {cdf_series("TTFT", ttft), cdf_series("TPOT", tpot), cdf_series("ITL", itl), cdf_series("E2E", e2e)};
+    return chart;
+}
+
+// Throughput against the offered rate, in increasing rate, so the lines read left to right; inf (all at once), the
+// load no finite rate reaches, at the right end.
+inline Chart throughput_chart(std::vector<SweepPoint> points) {
+    std::stable_sort(points.begin(), points.end(), [](const SweepPoint& a, const SweepPoint& b) { return a.rate < b.rate; });
+    Chart chart{"throughput vs offered rate", "offered rate (requests/s; inf: all at once)", "tokens/s", false, false, {}, {}, {}, "inf"};
+    Series output{"output tok/s", {}, true, false, {}}, total{"total tok/s", {}, true, false, {}};
+    for (const SweepPoint& p : points) {
+        output.points.push_back({p.rate, p.metrics.output_throughput});
+        total.points.push_back({p.rate, p.metrics.total_token_throughput});
+    }
+    chart.series = {output, total};
     return chart;
 }
 
@@ -837,7 +970,7 @@ inline void print_roofline(std::ostream& out, const Roofline& roof, const infer:
 }
 
 inline Chart roofline_chart(const Roofline& roof, const std::string& title) {
-    Chart chart{title, "arithmetic intensity (FLOP per byte of weights and KV read)", "GFLOP/s", true, true, {}, {}, {}};
+    Chart chart{title, "arithmetic intensity (FLOP per byte of weights and KV read)", "GFLOP/s", true, true, {}, {}, {}, {}};
     double low = 0.1, high = 1000;
     for (const RooflinePoint& p : roof.points) low = std::min(low, p.intensity() / 2), high = std::max(high, p.intensity() * 2);
     Series roofline{"roof: min(peak, AI × bandwidth)", {}, true, false, {}};
@@ -915,7 +1048,7 @@ inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, 
 
 // The step timeline: one bar per engine step, its height the tokens it ran, coloured by how many were prefill.
 inline Chart step_timeline_chart(const std::vector<infer::StepStats>& steps, const std::string& title) {
-    Chart chart{title, "seconds since the engine started", "tokens in the step", false, false, {}, {}, {}};
+    Chart chart{title, "seconds since the engine started", "tokens in the step", false, false, {}, {}, {}, {}};
     for (const infer::StepStats& s : steps) {
         double end = s.start + s.schedule + s.forward + s.sample + s.detokenize;
         std::string what = std::to_string(s.prefill_tokens) + " prefill + " + std::to_string(s.decode_tokens) +
