@@ -1968,9 +1968,24 @@ inline std::string render(std::string_view template_source, const infer::Json& m
 
 // The standard public templates of three prompt formats, for models that ship none.
 inline const char* builtin_template(std::string_view name) {
-    // ChatML (OpenAI; used by Qwen, Yi, many fine-tunes): every turn is <|im_start|>role\n...<|im_end|>\n.
+    // ChatML (OpenAI; used by Qwen, Yi, many fine-tunes): every turn is <|im_start|>role\n...<|im_end|>\n. With tools,
+    // the Hermes convention Qwen follows: a system turn lists the functions as JSON inside <tools></tools> and asks for
+    // calls as <tool_call>{"name", "arguments"}</tool_call>; an assistant's calls are written back that way, and a
+    // tool's result comes back in a user turn inside <tool_response></tool_response>.
     static constexpr const char* chatml =
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+        "{% if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + "
+        "'\\n\\n' }}{% endif %}{{ 'You can call these functions. Their signatures, one JSON object a line:\\n<tools>' }}"
+        "{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}{{ '\\n</tools>\\n\\nTo call one, reply with ' + "
+        "'<tool_call>\\n{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\\n</tool_call>' + "
+        "'<|im_end|>\\n' }}{% endif %}"
+        "{% for message in messages %}{% if tools and loop.first and message['role'] == 'system' %}"
+        "{% elif message['role'] == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
+        "'\\n</tool_response><|im_end|>\\n' }}"
+        "{% else %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']}}{% if message['tool_calls'] %}"
+        "{% for call in message['tool_calls'] %}{{ '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + "
+        "'\", \"arguments\": ' + (call['function']['arguments'] if call['function']['arguments'] is string else "
+        "call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}{% endfor %}{% endif %}"
+        "{{ '<|im_end|>' + '\\n'}}{% endif %}"
         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
     // Llama 3 Instruct, as in Meta-Llama-3-8B-Instruct's tokenizer_config.json: header tokens around the role,
     // content trimmed, <|eot_id|> after each turn, bos_token before the first.

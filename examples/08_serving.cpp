@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
             client::Timed one = client::stream_completion(server.port(), body);
             const double e2e = one.timing["e2e_ms"].get<double>();
             double parts = 0;
-            for (const char* name : {"http_parse_ms", "tokenize_ms", "route_ms", "queue_ms", "schedule_ms", "prefill_ms",
+            for (const char* name : {"http_parse_ms", "tokenize_ms", "route_ms", "step_wait_ms", "queue_ms", "schedule_ms", "prefill_ms",
                                      "decode_ms", "sample_ms", "detokenize_ms", "http_write_ms", "other_ms"}) {
                 const double ms = one.timing.value(name, 0.0);
                 parts += ms;

@@ -152,9 +152,11 @@ inline void request(std::span<const uint8_t> data) {
     serve::RequestContext context;
     context.model = &model;
     context.tokenizer = &tokenizer;
-    context.render_chat = [](const infer::Json& messages) {
-        return chat::render(source, messages, true, infer::Json());
+    context.render_chat = [](const infer::Json& messages, bool add_generation_prompt, const infer::Json& extra) {
+        return chat::render(source, messages, add_generation_prompt, extra);
     };
+    static serve::GrammarCache grammars(&tokenizer);  // structured outputs: schemas and expressions from the input too
+    context.grammars = &grammars;
     infer::Json body = infer::Json::parse(as_text(data), "request body");
     for (bool is_chat : {false, true}) {
         try {

@@ -173,4 +173,44 @@ inline ProgramRun run_infer(const std::vector<std::string>& args, const std::str
     return run_command(command, input);
 }
 
+// A JSON value against a JSON Schema of the subset the structured-output tests use (types, properties/required,
+// enum, const, anyOf, string lengths, integer bounds, array sizes), written apart from the regex writer it checks.
+inline bool valid_json(const infer::Json& v, const infer::Json& s) {
+    if (const infer::Json* c = s.find("const")) return v.dump() == c->dump();
+    if (const infer::Json* e = s.find("enum"))
+        return std::any_of(e->as_array().begin(), e->as_array().end(), [&](const infer::Json& x) { return x.dump() == v.dump(); });
+    if (const infer::Json* any = s.find("anyOf"))
+        return std::any_of(any->as_array().begin(), any->as_array().end(), [&](const infer::Json& x) { return valid_json(v, x); });
+    const std::string type = s.find("type") ? s.at("type").as_string() : "";
+    auto number = [&](const char* key, double fallback) { return s.find(key) ? s.at(key).as_number() : fallback; };
+    if (type == "object") {
+        if (!v.is_object()) return false;
+        if (const infer::Json* required = s.find("required"))
+            for (const infer::Json& name : required->as_array())
+                if (!v.find(name.as_string())) return false;
+        for (const auto& [key, value] : v.as_object())
+            if (!s.at("properties").find(key) || !valid_json(value, s.at("properties").at(key))) return false;
+        return true;
+    }
+    if (type == "array") {
+        if (!v.is_array()) return false;
+        const double size = static_cast<double>(v.as_array().size());
+        if (size < number("minItems", 0) || size > number("maxItems", 1e9)) return false;
+        return std::all_of(v.as_array().begin(), v.as_array().end(), [&](const infer::Json& item) { return !s.find("items") || valid_json(item, s.at("items")); });
+    }
+    if (type == "string") {
+        if (!v.is_string()) return false;
+        double characters = 0;  // code points, as JSON Schema counts length
+        for (unsigned char c : v.as_string()) characters += (c & 0xC0) != 0x80;
+        return characters >= number("minLength", 0) && characters <= number("maxLength", 1e9);
+    }
+    if (type == "integer")
+        return v.is_number() && v.as_number() == std::floor(v.as_number()) && v.as_number() >= number("minimum", -1e18) &&
+               v.as_number() <= number("maximum", 1e18);
+    if (type == "number") return v.is_number();
+    if (type == "boolean") return v.is_bool();
+    if (type == "null") return v.is_null();
+    return true;
+}
+
 }  // namespace test

@@ -38,45 +38,6 @@ const ByteFeeder& feeder() {
     return f;
 }
 
-// A JSON value against a schema of the subset the tests use, written apart from the regex writer it checks.
-bool valid(const infer::Json& v, const infer::Json& s) {
-    if (const infer::Json* c = s.find("const")) return v.dump() == c->dump();
-    if (const infer::Json* e = s.find("enum"))
-        return std::any_of(e->as_array().begin(), e->as_array().end(), [&](const infer::Json& x) { return x.dump() == v.dump(); });
-    if (const infer::Json* any = s.find("anyOf"))
-        return std::any_of(any->as_array().begin(), any->as_array().end(), [&](const infer::Json& x) { return valid(v, x); });
-    const std::string type = s.find("type") ? s.at("type").as_string() : "";
-    auto number = [&](const char* key, double fallback) { return s.find(key) ? s.at(key).as_number() : fallback; };
-    if (type == "object") {
-        if (!v.is_object()) return false;
-        if (const infer::Json* required = s.find("required"))
-            for (const infer::Json& name : required->as_array())
-                if (!v.find(name.as_string())) return false;
-        for (const auto& [key, value] : v.as_object())
-            if (!s.at("properties").find(key) || !valid(value, s.at("properties").at(key))) return false;
-        return true;
-    }
-    if (type == "array") {
-        if (!v.is_array()) return false;
-        const double size = static_cast<double>(v.as_array().size());
-        if (size < number("minItems", 0) || size > number("maxItems", 1e9)) return false;
-        return std::all_of(v.as_array().begin(), v.as_array().end(), [&](const infer::Json& item) { return !s.find("items") || valid(item, s.at("items")); });
-    }
-    if (type == "string") {
-        if (!v.is_string()) return false;
-        double characters = 0;  // code points, as JSON Schema counts length
-        for (unsigned char c : v.as_string()) characters += (c & 0xC0) != 0x80;
-        return characters >= number("minLength", 0) && characters <= number("maxLength", 1e9);
-    }
-    if (type == "integer")
-        return v.is_number() && v.as_number() == std::floor(v.as_number()) && v.as_number() >= number("minimum", -1e18) &&
-               v.as_number() <= number("maximum", 1e18);
-    if (type == "number") return v.is_number();
-    if (type == "boolean") return v.is_bool();
-    if (type == "null") return v.is_null();
-    return true;
-}
-
 const char* person_schema = R"({
   "type": "object",
   "properties": {
@@ -289,7 +250,7 @@ TEST_CASE("the engine samples inside a grammar: choices, JSON that validates, ev
         infer::RequestResult r = *engine.take_result(id);
         CAPTURE(r.text);
         REQUIRE(r.finish_reason == infer::FinishReason::Stop);
-        CHECK(valid(infer::Json::parse(r.text), infer::Json::parse(person_schema)));
+        CHECK(test::valid_json(infer::Json::parse(r.text), infer::Json::parse(person_schema)));
         texts.push_back(r.text);
     }
 

@@ -2,10 +2,7 @@
 // `infer serve` and `infer route` as processes, over real HTTP on loopback with the built-in demo model. Each server
 // gets a free port and is stopped with SIGTERM (which must drain and exit 0). No timing assertions: where a test needs
 // a request to still be running, it uses one of 1000 tokens and acts on its first chunk.
-#include "support.hpp"
-
-#include "server.hpp"
-#include "serving_client.hpp"
+#include "serve_support.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -21,157 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-using client::free_port;
-
-// A child process (infer serve, infer route, nginx) with its stderr in a temporary file.
-class Process {
-public:
-    Process(const std::vector<std::string>& args, const std::string& name) : dir_(name) {
-        pid_ = client::spawn(args, (dir_ / "stderr").string());
-    }
-    Process(const Process&) = delete;
-    ~Process() {
-        if (pid_ > 0) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, nullptr, 0);
-        }
-    }
-    // Sends `signal` and returns the exit code (128 + signal when killed by one).
-    int stop(int signal = SIGTERM) {
-        ::kill(pid_, signal);
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::string log() const { return infer::read_text_file(dir_ / "stderr"); }
-    const test::TempDir& dir() const { return dir_; }
-
-private:
-    test::TempDir dir_;
-    pid_t pid_ = -1;
-};
-
-std::string infer_bin() {
-    const char* bin = std::getenv("INFER_BIN");
-    REQUIRE_MESSAGE(bin != nullptr, "INFER_BIN is not set (meson test sets it)");
-    return bin;
-}
-
-// Polls GET /health until it answers `status` (a server loading, or an upstream dying); false after 60 s.
-bool wait_for_health(int port, int status = 200) {
-    for (int i = 0; i < 600; ++i) {
-        httplib::Client client("127.0.0.1", port);
-        client.set_connection_timeout(1);
-        auto answer = client.Get("/health");
-        if ((answer ? answer->status : 0) == status) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-}
-
-// `infer serve` with the demo model (chat template chatml) on a free port, ready when constructed.
-class Server {
-public:
-    explicit Server(std::vector<std::string> args = {}, int port = 0)
-        : port_(port ? port : free_port()),
-          process_(with(std::move(args), port_), "serve") {
-        REQUIRE_MESSAGE(wait_for_health(port_), "infer serve did not become healthy:\n" << process_.log());
-    }
-    int port() const { return port_; }
-    std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-    int stop(int signal = SIGTERM) { return process_.stop(signal); }
-    std::string log() const { return process_.log(); }
-
-private:
-    static std::vector<std::string> with(std::vector<std::string> args, int port) {
-        std::vector<std::string> all = {infer_bin(), "serve", "--port", std::to_string(port), "--chat-template", "chatml", "-t", "1"};
-        all.insert(all.end(), args.begin(), args.end());
-        return all;
-    }
-    int port_;
-    Process process_;
-};
-
-httplib::Result post(int port, const std::string& path, const std::string& body, const httplib::Headers& headers = {}) {
-    httplib::Client client("127.0.0.1", port);
-    client.set_read_timeout(120);
-    return client.Post(path.c_str(), headers, body, "application/json");
-}
-
-// A streamed response read to its end: the data: payloads in order (the last should be "[DONE]").
-struct Streamed {
-    int status = 0;
-    std::vector<std::string> events;
-    std::string text;  // the choices' text or delta content, concatenated
-    json usage, timing, last_choice_chunk;
-};
-
-Streamed stream(int port, const std::string& path, const std::string& body,
-                const std::function<bool(const std::string&)>& on_event = nullptr) {
-    Streamed s;
-    std::string buffer;
-    httplib::Client client("127.0.0.1", port);
-    client.set_read_timeout(120);
-    httplib::Request request;
-    request.method = "POST";
-    request.path = path;
-    request.body = body;
-    request.headers = {{"Content-Type", "application/json"}};
-    request.response_handler = [&](const httplib::Response& head) {
-        s.status = head.status;
-        return true;
-    };
-    request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-        buffer.append(data, size);
-        for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-            std::string event = buffer.substr(0, end);
-            buffer.erase(0, end + 2);
-            REQUIRE(event.rfind("data: ", 0) == 0);
-            s.events.push_back(event.substr(6));
-            if (on_event && !on_event(s.events.back())) return false;
-        }
-        return true;
-    };
-    httplib::Response response;
-    httplib::Error error;
-    client.send(request, response, error);
-    for (const std::string& event : s.events) {
-        if (event == "[DONE]") continue;
-        json chunk = json::parse(event);
-        if (chunk.contains("usage") && !chunk["usage"].is_null()) s.usage = chunk["usage"];
-        if (chunk.contains("infer_timing")) s.timing = chunk["infer_timing"];
-        for (const json& choice : chunk["choices"]) {
-            if (choice.contains("text")) s.text += choice["text"].get<std::string>();
-            if (choice.contains("delta") && choice["delta"].contains("content"))
-                s.text += choice["delta"]["content"].get<std::string>();
-            s.last_choice_chunk = chunk;
-        }
-    }
-    return s;
-}
-
-std::map<std::string, double> metrics(int port) {
-    httplib::Client client("127.0.0.1", port);
-    auto answer = client.Get("/metrics");
-    REQUIRE(answer);
-    REQUIRE(answer->status == 200);
-    return serve::parse_prometheus(answer->body);
-}
-
-double metric(const std::map<std::string, double>& samples, const std::string& name) {
-    auto found = samples.find(name);
-    return found == samples.end() ? 0 : found->second;
-}
-
-// Polls /metrics until `name` reaches `value` (false after 30 s).
-bool wait_for_metric(int port, const std::string& name, double value) {
-    for (int i = 0; i < 300; ++i) {
-        if (metric(metrics(port), name) == value) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-}
+using namespace serve_test;
 
 // What the engine itself generates for a prompt, greedy: the reference the server's answers are checked against.
 std::string engine_text(const std::string& prompt, int max_tokens) {
@@ -196,14 +43,14 @@ const std::vector<std::string> timing_keys = {"http_parse_ms", "tokenize_ms", "q
 TEST_CASE("parse_request: OpenAI bodies to engine requests, bad fields named") {
     infer::Model model = infer::demo_model();
     infer::Tokenizer tokenizer = infer::tokenizer_for(model);
-    serve::RequestContext context{&model, &tokenizer, [](const infer::Json& messages) {
-                                      return chat::render(chat::builtin_template("chatml"), messages, true, infer::Json());
+    serve::RequestContext context{&model, &tokenizer, [](const infer::Json& messages, bool add_generation_prompt, const infer::Json& extra) {
+                                      return chat::render(chat::builtin_template("chatml"), messages, add_generation_prompt, extra);
                                   }};
     auto parse = [&](const std::string& body, bool chat = false) {
         return serve::parse_request(infer::Json::parse(body, "test"), chat, context);
     };
     serve::CompletionRequest r = parse(R"({"prompt": "Hi", "max_tokens": 5, "temperature": 0, "stop": "x", "seed": 7})");
-    CHECK(r.prompt == tokenizer.encode("Hi"));
+    CHECK(r.prompts.front() == tokenizer.encode("Hi"));
     CHECK(r.params.max_tokens == 5);
     CHECK(r.params.temperature == 0);
     CHECK(r.stop == std::vector<std::string>{"x"});
@@ -211,7 +58,7 @@ TEST_CASE("parse_request: OpenAI bodies to engine requests, bad fields named") {
     CHECK(parse(R"({"prompt": "Hi"})").params.max_tokens == 16);  // OpenAI's default for completions
     CHECK(parse(R"({"prompt": [1, 2, 3], "max_completion_tokens": 3, "stream": true, "stream_options": {"include_usage": true}})").include_usage);
     serve::CompletionRequest chat = parse(R"({"messages": [{"role": "user", "content": "Hi"}]})", true);
-    CHECK(tokenizer.decode(chat.prompt) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    CHECK(tokenizer.decode(chat.prompts.front()) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 
     auto error_of = [&](const std::string& body, bool is_chat = false) -> std::pair<std::string, std::string> {
         try {
@@ -296,6 +143,14 @@ TEST_CASE("Admission and the metrics text") {
     CHECK(samples.at("infer:time_to_first_token_seconds_bucket{le=\"0.04\"}") == 1);
     CHECK(samples.at("infer:time_to_first_token_seconds_count") == 1);
     CHECK(test::error_of([] { serve::parse_prometheus("infer:x{a=\"1\"} abc\n"); }) == "metrics line 1: \"abc\" is not a number");
+    m.set_model_name("my \"model\"");  // every series, histograms included, then names the model (quoted as the format says)
+    auto labelled = serve::parse_prometheus(m.render({{"infer:num_requests_running", {{"instance=\"0\"", 2}}}}));
+    CHECK(labelled.at("infer:prompt_tokens_total{model_name=\"my \\\"model\\\"\"}") == 5);
+    CHECK(labelled.at("infer:num_requests_running{model_name=\"my \\\"model\\\"\",instance=\"0\"}") == 2);
+    CHECK(labelled.at("infer:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"0.04\"}") == 1);
+    CHECK(labelled.at("infer:time_to_first_token_seconds_count{model_name=\"my \\\"model\\\"\"}") == 1);
+    CHECK(client::without_model_label("infer:x{model_name=\"a\\\"b\",instance=\"0\"}") == "infer:x{instance=\"0\"}");
+    CHECK(client::without_model_label("infer:x{model_name=\"a\"}") == "infer:x");
     CHECK(serve::error_body(429, "full") == R"({"error":{"message":"full","type":"rate_limit_error","param":null,"code":429}})");
 }
 
@@ -665,7 +520,7 @@ TEST_CASE("infer serve: hostile requests get a 4xx that names the field, and /me
     REQUIRE(text);
     CHECK(text->body.find("nope-") == std::string::npos);
     CHECK(text->body.find("injected") == std::string::npos);
-    CHECK(metric(serve::parse_prometheus(text->body), "infer:http_requests_total{endpoint=\"other\",status=\"404\"}") == 21);
+    CHECK(metric(serve::parse_prometheus(text->body), "infer:http_requests_total{model_name=\"infer-demo\",endpoint=\"other\",status=\"404\"}") == 21);
     CHECK(server.stop() == 0);
 }
 
@@ -704,7 +559,7 @@ TEST_CASE("infer serve: a client that disconnects cancels its request and frees 
                               return false;  // hang up after the first chunk
                           });
     CHECK(blocks_while_running > 0);
-    CHECK(wait_for_metric(port, "infer:request_success_total{finished_reason=\"cancelled\"}", 1));
+    CHECK(wait_for_metric(port, "infer:request_aborted_total{finished_reason=\"cancelled\"}", 1));
     CHECK(wait_for_metric(port, "infer:kv_cache_used_blocks{instance=\"0\"}", 0));
     CHECK(metric(metrics(port), "infer:http_requests_total{endpoint=\"/v1/completions\",status=\"499\"}") == 1);
 
@@ -724,7 +579,7 @@ TEST_CASE("infer serve: a client that disconnects cancels its request and frees 
         CHECK(!answer);
     }
     holder.join();
-    CHECK(wait_for_metric(port, "infer:request_success_total{finished_reason=\"cancelled\"}", 2));
+    CHECK(wait_for_metric(port, "infer:request_aborted_total{finished_reason=\"cancelled\"}", 2));
     CHECK(wait_for_metric(port, "infer:kv_cache_used_blocks{instance=\"0\"}", 0));
     CHECK(server.stop() == 0);
 }

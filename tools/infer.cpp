@@ -506,7 +506,8 @@ void write_batch_result(std::ostream& out, int index, const BatchRequest& r, std
     serve::ResponseHead head{(r.request.chat ? "chatcmpl-" : "cmpl-") + std::to_string(index), created,
                              r.request.model.empty() ? model_name : r.request.model, r.request.chat, tokenizer};
     out << ",\"response\":{\"status_code\":200,\"request_id\":\"req_" << index << "\",\"body\":"
-        << serve::completion_body(head, choices, nullptr, r.request.params.logprobs >= 0) << "},\"error\":null}\n";
+        << serve::completion_body(head, serve::make_choices(r.request, choices, head.id), serve::usage_of(r.request, choices))
+        << "},\"error\":null}\n";
 }
 
 int run_batch(const CommandLine& options) {
@@ -526,10 +527,11 @@ int run_batch(const CommandLine& options) {
     if (!in) infer::fail(options.text("-i"), ": cannot open");
     // The chat template is looked up at the first chat line, so a completions-only file needs none.
     std::optional<std::string> template_source;
-    auto render_chat = [&](const infer::Json& messages) {
+    auto render_chat = [&](const infer::Json& messages, bool add_generation_prompt, const infer::Json& extra) {
         if (!template_source) template_source = chat_template_source(options, *tokenizer);
-        return chat::render(*template_source, messages, true, template_variables(*tokenizer));
+        return chat::render(*template_source, messages, add_generation_prompt, serve::merged(template_variables(*tokenizer), extra));
     };
+    serve::GrammarCache grammars(tokenizer ? &*tokenizer : nullptr);
     std::vector<BatchRequest> requests;
     std::string line;
     int line_number = 0;
@@ -541,7 +543,7 @@ int run_batch(const CommandLine& options) {
             infer::Json json = infer::Json::parse(line, "line " + std::to_string(line_number));
             if (const infer::Json* id = json.find("custom_id"); id && id->is_string()) request.custom_id = id->as_string();
             try {
-                request = parse_batch_line(json, {&model, tokenizer ? &*tokenizer : nullptr, render_chat});
+                request = parse_batch_line(json, {&model, tokenizer ? &*tokenizer : nullptr, render_chat, tokenizer ? &grammars : nullptr});
             } catch (const infer::Error& e) {
                 request.error = "line " + std::to_string(line_number) + ": " + e.what();
             }
@@ -549,11 +551,12 @@ int run_batch(const CommandLine& options) {
             request.error = e.what();
         }
         if (request.error.empty())
-            for (int choice = 0; choice < request.request.n; ++choice) {  // as infer serve: a seed gives each choice its own
-                infer::SamplingParams params = request.request.params;
-                if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(choice);
-                request.engine_ids.push_back(engine.add_request(request.request.prompt, params, request.request.stop));
-            }
+            for (const std::vector<int>& prompt : request.request.prompts)
+                for (int sample = 0; sample < request.request.best_of; ++sample) {  // as infer serve: a seed gives each its own
+                    infer::SamplingParams params = request.request.params;
+                    if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(sample);
+                    request.engine_ids.push_back(engine.add_request(prompt, params, request.request.stop));
+                }
         requests.push_back(std::move(request));
     }
 
@@ -600,7 +603,7 @@ int run_batch(const CommandLine& options) {
             continue;
         }
         write_batch_result(out, index, r, choices, model_name, created, tokenizer ? &*tokenizer : nullptr);
-        prompt_tokens += choices.front().prompt_ids.size();
+        prompt_tokens += serve::usage_of(r.request, choices).prompt;
         for (const infer::RequestResult& choice : choices) generated += choice.generated_ids.size();
     }
     infer::close_written_file(out, options.text("-o"));

@@ -21,10 +21,11 @@ namespace {
 const char* route_usage = R"(usage:
   infer route --port P --upstream URL [--upstream URL ...] [--host 127.0.0.1] [--policy round-robin|least-loaded|prefix]
               [--health-interval SECONDS] [--http-threads N] [--backlog N] [--upstream-timeout SECONDS]
+              [--served-model-name NAME]
 
   Forwards /v1/completions, /v1/chat/completions and /v1/models to the upstream `infer serve` processes (URL like
   http://127.0.0.1:8081), streams passed through. GET /health: 200 while an upstream is healthy. GET /metrics: the
-  proxy's own (upstream health, requests per upstream).
+  proxy's own (upstream health, requests per upstream), labelled model_name="NAME" (default: infer).
 )";
 
 struct Upstream {
@@ -65,6 +66,7 @@ public:
         if (!(interval_ > 0)) infer::fail("option --health-interval: must be > 0 seconds");
         http_threads_ = static_cast<int>(options.integer("--http-threads", 64, 1, 4096));
         backlog_ = static_cast<int>(options.integer("--backlog", 1024, 1, 65535));
+        metrics_.set_model_name(options.text("--served-model-name", "infer"));
         upstream_timeout_ = options.number("--upstream-timeout", 600);
         if (!(upstream_timeout_ > 0)) infer::fail("option --upstream-timeout: must be > 0 seconds");
         if (upstreams.empty()) infer::fail("infer route needs at least one --upstream URL");
@@ -374,7 +376,8 @@ int run_route(int argc, char** argv) {
         }
     }
     CommandLine options(static_cast<int>(rest.size()), rest.data(), 2,
-                        {"--port", "--host", "--policy", "--health-interval", "--http-threads", "--backlog", "--upstream-timeout"},
+                        {"--port", "--host", "--policy", "--health-interval", "--http-threads", "--backlog", "--upstream-timeout",
+                         "--served-model-name"},
                         {}, serve::route_usage);
     serve::Proxy proxy(options, upstreams);
     return proxy.run();

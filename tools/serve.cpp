@@ -27,8 +27,10 @@ const char* serve_usage = R"(usage:
               [--max-batch-tokens N] [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B]
               [--no-prefix-cache] [--no-mmap] [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
 
-  OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models;
-  GET /health (200 ready, 503 loading or draining), GET /metrics (Prometheus text).
+  OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/ID;
+  POST /tokenize and /detokenize (vLLM's shapes); GET /health (200 ready, 503 loading or draining), GET /metrics
+  (Prometheus text). Structured outputs: response_format json_object/json_schema, guided_json/regex/choice,
+  structured_outputs; tools with tool_choice auto, required or a named function.
   Without -m it serves the built-in demo model (random weights). SIGTERM/SIGINT: finish what runs, then exit 0.
   --instances N    N engines in this process sharing the weights, each with its own thread and KV cache
   --max-queue N    requests waiting per instance, beyond its --max-seqs running ones, before 429 (default 64;
@@ -128,10 +130,13 @@ private:
         }
         context_.model = &model_;
         context_.tokenizer = tokenizer_ ? &*tokenizer_ : nullptr;
-        context_.render_chat = [this](const infer::Json& messages) {
+        context_.render_chat = [this](const infer::Json& messages, bool add_generation_prompt, const infer::Json& extra) {
             if (!template_error_.empty()) throw HttpError(400, template_error_, "messages");
-            return chat::render(template_, messages, true, variables_);
+            return chat::render(template_, messages, add_generation_prompt, merged(variables_, extra));
         };
+        grammars_ = std::make_unique<GrammarCache>(context_.tokenizer);
+        if (context_.tokenizer) context_.grammars = grammars_.get();
+        metrics_.set_model_name(served_name_);
 
         const infer::EngineConfig config = engine_config(options_);
         const long long threads = options_.integer("-t", 0, 0, 1024);
@@ -186,11 +191,25 @@ private:
         });
         http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
             if (!gate(req, res)) return;
-            std::string body = "{\"object\":\"list\",\"data\":[{\"id\":" + json_string(served_name_) +
-                               ",\"object\":\"model\",\"created\":" + std::to_string(started_) +
-                               ",\"owned_by\":\"infer\",\"max_model_len\":" + std::to_string(model_.config.context_length) + "}]}";
-            res.set_content(body, "application/json");
+            res.set_content("{\"object\":\"list\",\"data\":[" + model_object() + "]}", "application/json");
             count_status(req.path, 200);
+        });
+        http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!gate(req, res)) return;
+            if (req.matches[1] != served_name_)
+                return fail(req, res, 404, "The model `" + std::string(req.matches[1]) + "` does not exist.", "model");
+            res.set_content(model_object(), "application/json");
+            count_status(req.path, 200);
+        });
+        http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            tokenize(req, res, read_body(req, res, reader));
+        });
+        http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            detokenize(req, res, read_body(req, res, reader));
+        });
+        http_.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            if (!read_body(req, res, reader) || !gate(req, res)) return;
+            fail(req, res, 400, served_name_ + " is a generative model: this model does not produce embeddings", "model");
         });
         // The API reads its body itself: httplib's own reader refuses a form-encoded body over 8 KB with a 413 (curl -d
         // sends that content type by default), while the body is JSON whatever the client calls it.
@@ -205,8 +224,9 @@ private:
     // The endpoint label comes from a fixed set: a raw path would let a client forge series (a path holding `"` or a
     // newline) or grow /metrics without bound (one series per distinct 404).
     void count_status(const std::string& path, int status) {
-        static constexpr std::string_view endpoints[] = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"};
-        std::string_view endpoint = "other";
+        static constexpr std::string_view endpoints[] = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                                                         "/tokenize", "/detokenize", "/v1/embeddings"};
+        std::string_view endpoint = path.starts_with("/v1/models/") ? "/v1/models/{id}" : "other";
         for (std::string_view known : endpoints)
             if (path == known) endpoint = known;
         metrics_.add("infer:http_requests_total", infer::concat("endpoint=\"", endpoint, "\",status=\"", status, "\""), 1);
@@ -250,6 +270,90 @@ private:
         return body;
     }
 
+    std::string model_object() const {
+        return "{\"id\":" + json_string(served_name_) + ",\"object\":\"model\",\"created\":" + std::to_string(started_) +
+               ",\"owned_by\":\"infer\",\"max_model_len\":" + std::to_string(model_.config.context_length) + "}";
+    }
+
+    // The body of /tokenize or /detokenize as JSON, after the gate; nullopt once an error is answered.
+    std::optional<infer::Json> json_body(const httplib::Request& req, httplib::Response& res, const std::optional<std::string>& body) {
+        if (!body || !gate(req, res)) return std::nullopt;
+        try {
+            infer::Json json = infer::Json::parse(*body, "request body");
+            if (!json.is_object()) throw infer::Error("the request body must be a JSON object");
+            if (const infer::Json* m = json.find("model"); m && m->is_string() && m->as_string() != served_name_) {
+                fail(req, res, 404, "The model `" + m->as_string() + "` does not exist.", "model");
+                return std::nullopt;
+            }
+            if (!tokenizer_) {
+                fail(req, res, 400, served_name_ + " has no tokenizer");
+                return std::nullopt;
+            }
+            return json;
+        } catch (const infer::Error& e) {
+            fail(req, res, 400, std::string("malformed JSON: ") + e.what());
+            return std::nullopt;
+        }
+    }
+
+    // vLLM's /tokenize: {"prompt", "add_special_tokens": true} or {"messages", "add_generation_prompt": true,
+    // "add_special_tokens": false} → {"count", "max_model_len", "tokens"[, "token_strs"]}.
+    void tokenize(const httplib::Request& req, httplib::Response& res, const std::optional<std::string>& body) {
+        std::optional<infer::Json> json = json_body(req, res, body);
+        if (!json) return;
+        try {
+            for (const auto& [key, _] : json->as_object())
+                if (key != "model" && key != "prompt" && key != "messages" && key != "add_special_tokens" &&
+                    key != "add_generation_prompt" && key != "return_token_strs" && key != "chat_template_kwargs" &&
+                    key != "continue_final_message" && key != "tools")
+                    std::cerr << "infer serve: warning: /tokenize: ignoring unknown request field: " << key << std::endl;
+            std::vector<int> ids;
+            if (json->find("messages")) {
+                infer::Json chat_body = *json;  // the chat path renders and encodes exactly as a chat request would
+                CompletionRequest r = parse_request(chat_body, true, context_);
+                ids = r.prompts.front();
+            } else {
+                const infer::Json* prompt = json->find("prompt");
+                if (!prompt || !prompt->is_string()) throw HttpError(400, "/tokenize needs a string \"prompt\" or \"messages\"", "prompt");
+                const infer::Json* add = json->find("add_special_tokens");
+                if (add && !add->is_bool()) throw HttpError(400, "\"add_special_tokens\" must be true or false", "add_special_tokens");
+                ids = tokenizer_->encode(prompt->as_string(), add ? add->as_bool() : true);
+            }
+            std::string out = infer::concat("{\"count\":", ids.size(), ",\"max_model_len\":", model_.config.context_length, ",\"tokens\":[");
+            for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+            out += "]";
+            if (const infer::Json* strs = json->find("return_token_strs"); strs && strs->is_bool() && strs->as_bool()) {
+                out += ",\"token_strs\":[";
+                for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + json_string(tokenizer_->token_text(ids[i]));
+                out += "]";
+            }
+            res.set_content(out + "}", "application/json");
+            count_status(req.path, 200);
+        } catch (const HttpError& e) {
+            fail(req, res, e.status, e.what(), e.param);
+        } catch (const infer::Error& e) {
+            fail(req, res, 400, e.what());
+        }
+    }
+
+    // vLLM's /detokenize: {"tokens": [ids]} → {"prompt": text}.
+    void detokenize(const httplib::Request& req, httplib::Response& res, const std::optional<std::string>& body) {
+        std::optional<infer::Json> json = json_body(req, res, body);
+        if (!json) return;
+        const infer::Json* tokens = json->find("tokens");
+        if (!tokens || !tokens->is_array()) return fail(req, res, 400, "/detokenize needs an array of token ids \"tokens\"", "tokens");
+        std::vector<int> ids;
+        for (const infer::Json& id : tokens->as_array()) {
+            if (!id.is_number() || id.as_number() != std::floor(id.as_number()) || id.as_number() < 0 ||
+                id.as_number() >= tokenizer_->vocab_size())
+                return fail(req, res, 400, infer::concat("\"tokens\" holds a value that is not a token id of this vocabulary (",
+                                                         tokenizer_->vocab_size(), " tokens)"), "tokens");
+            ids.push_back(static_cast<int>(id.as_number()));
+        }
+        res.set_content("{\"prompt\":" + json_string(tokenizer_->decode(ids)) + "}", "application/json");
+        count_status(req.path, 200);
+    }
+
     void complete(const httplib::Request& req, httplib::Response& res, const std::optional<std::string>& request_body, bool chat) {
         if (!request_body) return;
         auto arrival = std::make_shared<infer::Stopwatch>();  // e2e: from here (httplib has read the request) to the last byte
@@ -275,13 +379,23 @@ private:
         } catch (const infer::Error& e) {
             return fail(req, res, 400, e.what());
         }
+        if (!r.ignored_fields.empty()) {  // as vLLM: an unknown field is not an error, but it is said
+            std::string names;
+            for (const std::string& name : r.ignored_fields) names += (names.empty() ? "" : ", ") + name;
+            std::cerr << "infer serve: warning: " << req.path << ": ignoring unknown request field(s): " << names << std::endl;
+        }
 
         // Route, then admit: the instance's queue is checked under its loop's lock, so the bound is exact.
         clock.restart();
         auto pending = std::make_shared<Pending>();
-        const int64_t prompt_tokens = static_cast<int64_t>(r.prompt.size());
-        const int64_t cost = (prompt_tokens + r.params.max_tokens) * r.n;
-        int chosen = choose_instance(r.prompt);
+        int64_t prompt_tokens = 0, cost = 0;
+        for (const std::vector<int>& prompt : r.prompts) {
+            prompt_tokens += static_cast<int64_t>(prompt.size()) * r.best_of;
+            cost += (static_cast<int64_t>(prompt.size()) + r.params.max_tokens) * r.best_of;
+        }
+        int chosen = choose_instance(r.prompts.front());
+        timing.route = clock.seconds();
+        clock.restart();
         Instance& instance = *instances_[static_cast<size_t>(chosen)];
         infer::EngineLoop* loop = instance.loop.get();
         auto callback = [this, pending, loop](const infer::Event& event) {
@@ -289,16 +403,22 @@ private:
             if (event.finished) result = loop->result(event.request_id);  // runs on the loop's thread, outside its lock
             // A cancelled request's HTTP thread is gone (its client hung up): count it here.
             if (event.finished && event.finish_reason == infer::FinishReason::Cancelled)
-                metrics_.add("infer:request_success_total", "finished_reason=\"cancelled\"", 1);
+                metrics_.add("infer:request_aborted_total", "finished_reason=\"cancelled\"", 1);
             std::lock_guard lock(pending->mutex);
             pending->events.push_back(event);
             if (result) pending->results[event.request_id] = std::move(*result);
             pending->ready.notify_all();
         };
+        // One engine request per sample: best_of of them per prompt, a seed giving each its own stream.
+        auto params_for = [&](int sample) {
+            infer::SamplingParams params = r.params;
+            if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(sample);
+            return params;
+        };
         ++in_flight_;
-        std::optional<int> id = loop->try_submit(r.prompt, r.params, r.stop, callback, [&](const infer::Engine& engine) {
-            // Routing ends here, before the engine holds the request: from now on its time is the engine's (queue).
-            timing.route = clock.seconds();
+        std::optional<int> id = loop->try_submit(r.prompts.front(), params_for(0), r.stop, callback, [&](const infer::Engine& engine) {
+            // The loop's lock is ours once its current step has ended: from now on the request's time is the engine's.
+            timing.step_wait = clock.seconds();
             // A request that the next step takes into a free batch slot is not queued; beyond the slots, the queue.
             const int free_slots = std::max(0, engine.config().scheduler.max_seqs - engine.running_count());
             return engine.waiting_count() < free_slots ||
@@ -318,28 +438,27 @@ private:
         stream->head = ResponseHead{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(chosen) + "-" + std::to_string(*id) + "-" +
                                         std::to_string(next_response_++),
                                     unix_time(), r.model.empty() ? served_name_ : r.model, chat, context_.tokenizer};
-        stream->streaming = r.stream;
-        stream->logprobs = r.params.logprobs >= 0;
-        stream->include_usage = r.include_usage;
         stream->timing = timing;
         stream->arrival = arrival;
         stream->instance = &instance;
-        // n > 1: the other choices join the first, admitted with it as one request; a seed gives each its own stream.
         stream->engine_ids.push_back(*id);
-        for (int choice = 1; choice < r.n; ++choice) {
-            infer::SamplingParams params = r.params;
-            if (params.seed) params.seed = *params.seed + static_cast<uint64_t>(choice);
-            stream->engine_ids.push_back(loop->submit(r.prompt, params, r.stop, callback));
-        }
+        for (size_t prompt = 0; prompt < r.prompts.size(); ++prompt)
+            for (int sample = prompt == 0 ? 1 : 0; sample < r.best_of; ++sample)
+                stream->engine_ids.push_back(loop->submit(r.prompts[prompt], params_for(sample), r.stop, callback));
         stream->choices.resize(stream->engine_ids.size());
+        for (size_t i = 0; i < stream->choices.size(); ++i)
+            if (chat && r.tool_choice != ToolChoice::None)
+                stream->choices[i].parser.emplace(r.tool_choice, r.named_tool, r.parallel_tool_calls, stream->head.id + "_" + std::to_string(i));
         stream->cost = cost;
         stream->prompt_tokens = prompt_tokens;
         stream->path = req.path;
+        const bool streaming = r.stream;
+        stream->request = std::move(r);
         res.set_chunked_content_provider(
-            r.stream ? "text/event-stream" : "application/json",
+            streaming ? "text/event-stream" : "application/json",
             [this, pending, stream](size_t, httplib::DataSink& sink) { return write_some(*pending, *stream, sink); },
             [this, stream](bool) { close(*stream); });
-        if (r.stream) {
+        if (streaming) {
             res.set_header("Cache-Control", "no-cache");
             res.set_header("X-Accel-Buffering", "no");  // tell nginx not to buffer the stream
         }
@@ -347,20 +466,21 @@ private:
 
     struct Stream {
         ResponseHead head;
-        bool streaming = false, include_usage = false, waiting = true, done = false, cancelled = false;
-        bool logprobs = false;    // the request asked for log-probabilities
+        CompletionRequest request;
+        bool waiting = true, done = false, cancelled = false;
         struct Choice {
-            bool role_sent = false;
+            bool role_sent = false, echo_sent = false;
             size_t text_offset = 0;  // bytes of token text streamed so far (completions' logprobs.text_offset)
+            std::optional<ToolCallParser> parser;  // chat with tools: content and calls apart
             std::optional<infer::RequestResult> result;
         };
-        std::vector<Choice> choices;  // [n], in the order of engine_ids
+        std::vector<Choice> choices;  // one per engine request, in the order of engine_ids
         int finished = 0;             // choices with a result
         Timing timing;
         std::shared_ptr<infer::Stopwatch> arrival;
         double finish_seen = -1;  // arrival-clock seconds when the HTTP thread took the finishing event
         Instance* instance = nullptr;
-        std::vector<int> engine_ids;  // one engine request per choice
+        std::vector<int> engine_ids;  // [prompt][best_of]
         int64_t cost = 0, prompt_tokens = 0;
         std::string path;
     };
@@ -397,9 +517,7 @@ private:
                 std::find(s.engine_ids.begin(), s.engine_ids.end(), event.request_id) - s.engine_ids.begin());
             if (index == s.engine_ids.size()) continue;
             if (!event.finished) {
-                if (s.streaming && (!event.text.empty() || (s.logprobs && !event.logprobs.empty())) &&
-                    !send_chunk(s, sink, event, index, ""))
-                    return cancel(s);
+                if (s.request.stream && !send_chunk(s, sink, event, index, false)) return cancel(s);
                 continue;
             }
             {
@@ -410,8 +528,8 @@ private:
                 pending.results.erase(found);
             }
             if (++s.finished < static_cast<int>(s.choices.size())) {  // another choice still runs: end this one's stream
-                if (s.streaming && s.choices[index].result->finish_reason != infer::FinishReason::Error &&
-                    !send_chunk(s, sink, event, index, infer::finish_reason_name(s.choices[index].result->finish_reason)))
+                if (s.request.stream && s.choices[index].result->finish_reason != infer::FinishReason::Error &&
+                    !send_chunk(s, sink, event, index, true))
                     return cancel(s);
                 continue;
             }
@@ -421,14 +539,39 @@ private:
         return true;
     }
 
-    bool send_chunk(Stream& s, httplib::DataSink& sink, const infer::Event& event, size_t index, std::string_view finish_reason,
+    // One streamed chunk for choice `index` from `event` (its text, logprobs; `last`: its finish_reason too). Text
+    // goes through the choice's tool-call parser when it has one; echo puts the prompt's text first.
+    bool send_chunk(Stream& s, httplib::DataSink& sink, const infer::Event& event, size_t index, bool last,
                     const Timing* timing = nullptr) {
         Stream::Choice& choice = s.choices[index];
-        const std::string logprobs = logprobs_json(s.head, event.logprobs, s.logprobs, choice.text_offset);
+        const CompletionRequest& r = s.request;
+        Delta d;
+        d.text = event.text;
+        if (r.echo && !choice.echo_sent) {
+            d.text = r.prompt_texts[index / static_cast<size_t>(r.best_of)] + d.text;
+            choice.echo_sent = true;
+        }
+        if (choice.parser) {
+            ToolCallParser::Piece piece = choice.parser->push(d.text);
+            if (last) {
+                ToolCallParser::Piece rest = choice.parser->finish();
+                piece.content += rest.content;
+                piece.calls.insert(piece.calls.end(), rest.calls.begin(), rest.calls.end());
+            }
+            d.text = std::move(piece.content);
+            d.tool_calls = std::move(piece.calls);
+        }
+        const bool logprobs = r.logprobs_asked && !event.logprobs.empty();
+        if (!last && d.text.empty() && d.tool_calls.empty() && !logprobs) return true;  // nothing to say yet
+        d.logprobs = logprobs_json(s.head, event.logprobs, r.logprobs_asked, choice.text_offset);
         for (const infer::TokenLogprob& lp : event.logprobs) choice.text_offset += token_string(s.head, lp.id).size();
-        std::string chunk = chunk_body(s.head, event.text, s.head.chat && !choice.role_sent, finish_reason, s.include_usage,
-                                       logprobs, static_cast<int>(index));
+        d.role = s.head.chat && !choice.role_sent;
         choice.role_sent = true;
+        if (last) {
+            d.finish_reason = infer::finish_reason_name(choice.result->finish_reason);
+            if (choice.parser && choice.parser->calls() > 0) d.finish_reason = "tool_calls";
+        }
+        std::string chunk = chunk_body(s.head, d, static_cast<int>(index), r.include_usage);
         if (timing) chunk = with_timing(chunk, *timing);
         std::string data = sse(chunk);
         return sink.write(data.data(), data.size());
@@ -437,7 +580,7 @@ private:
     // Every choice has its result; `event` finished the last of them, choice `index`.
     bool finish(Stream& s, httplib::DataSink& sink, const infer::Event& event, size_t index) {
         std::vector<infer::RequestResult> results;
-        for (Stream::Choice& choice : s.choices) results.push_back(std::move(*choice.result));
+        for (Stream::Choice& choice : s.choices) results.push_back(*choice.result);
         const infer::RequestResult& last = results[index];
         const infer::RequestResult* failed = nullptr;
         for (const infer::RequestResult& result : results)
@@ -446,23 +589,25 @@ private:
         t.engine = last.times.breakdown;
         t.http_write = s.arrival->seconds() - s.finish_seen;
         t.e2e = s.arrival->seconds();
+        const Usage usage = usage_of(s.request, results);
         // Counted before the last write, so a client that has its last byte finds its request in /metrics.
-        record(s, results);
+        record(s, results, usage);
         bool ok = true;
-        if (s.streaming) {
+        if (s.request.stream) {
             if (failed) {
                 std::string data = sse(error_body(500, failed->error));
                 ok = sink.write(data.data(), data.size());
             } else {
-                ok = send_chunk(s, sink, event, index, infer::finish_reason_name(last.finish_reason), s.include_usage ? nullptr : &t);
-                if (ok && s.include_usage) {
-                    std::string data = sse(with_timing(usage_chunk_body(s.head, results), t));
+                ok = send_chunk(s, sink, event, index, true, s.request.include_usage ? nullptr : &t);
+                if (ok && s.request.include_usage) {
+                    std::string data = sse(with_timing(usage_chunk_body(s.head, usage), t));
                     ok = sink.write(data.data(), data.size());
                 }
             }
             if (ok) ok = sink.write("data: [DONE]\n\n", 14);
         } else {
-            std::string body = failed ? error_body(500, failed->error) : completion_body(s.head, results, &t, s.logprobs);
+            std::string body = failed ? error_body(500, failed->error)
+                                      : completion_body(s.head, make_choices(s.request, results, s.head.id), usage, &t);
             ok = sink.write(body.data(), body.size());
         }
         if (ok) sink.done();
@@ -490,16 +635,20 @@ private:
         --in_flight_;
     }
 
-    // One HTTP request with its choices' results (one per choice; the prompt counts once).
-    void record(const Stream& s, std::span<const infer::RequestResult> results) {
+    // One HTTP request with its engine requests' results. Finished ones (stop, length) count as successes, by reason;
+    // failed ones apart, as aborted.
+    void record(const Stream& s, std::span<const infer::RequestResult> results, const Usage& usage) {
         count_status(s.path, 200);  // the status line went out with the first byte
-        metrics_.add("infer:prompt_tokens_total", "", static_cast<double>(results.front().prompt_ids.size()));
+        metrics_.add("infer:prompt_tokens_total", "", static_cast<double>(usage.prompt));
         for (const auto& [layer, seconds] : timing_layers(s.timing))
             metrics_.add("infer:request_layer_seconds_total", std::string("layer=\"") + layer + "\"", seconds);
-        const double before_engine = s.timing.http_parse + s.timing.tokenize + s.timing.route;
+        const double before_engine = s.timing.http_parse + s.timing.tokenize + s.timing.route + s.timing.step_wait;
         for (const infer::RequestResult& result : results) {
-            if (result.finish_reason != infer::FinishReason::Cancelled)
-                metrics_.add("infer:request_success_total", "finished_reason=\"" + std::string(infer::finish_reason_name(result.finish_reason)) + "\"", 1);
+            const std::string reason = infer::finish_reason_name(result.finish_reason);
+            if (result.finish_reason == infer::FinishReason::Stop || result.finish_reason == infer::FinishReason::Length)
+                metrics_.add("infer:request_success_total", "finished_reason=\"" + reason + "\"", 1);
+            else if (result.finish_reason == infer::FinishReason::Error)  // cancelled ones are counted as they happen
+                metrics_.add("infer:request_aborted_total", "finished_reason=\"" + reason + "\"", 1);
             metrics_.add("infer:generation_tokens_total", "", static_cast<double>(result.generated_ids.size()));
             const infer::RequestTimes& t = result.times;
             if (t.first_token >= 0) metrics_.observe("infer:time_to_first_token_seconds", before_engine + t.first_token - t.arrival);
@@ -547,6 +696,7 @@ private:
     std::optional<infer::Tokenizer> tokenizer_;
     infer::Json variables_;
     RequestContext context_;
+    std::unique_ptr<GrammarCache> grammars_;
     std::vector<std::unique_ptr<Instance>> instances_;
     Metrics metrics_;
     std::atomic<bool> ready_{false}, draining_{false}, stop_{false};

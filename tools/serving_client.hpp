@@ -138,10 +138,25 @@ inline std::map<std::string, double> scrape(int port) {
 }
 
 // Sums every series of a metric family (all instances, all labels).
+// A series' name without its model_name label (every series of infer serve carries one), so that lookups need not
+// know the model: infer:x{model_name="m",instance="0"} → infer:x{instance="0"}; infer:x{model_name="m"} → infer:x.
+inline std::string without_model_label(const std::string& series) {
+    const size_t at = series.find("model_name=\"");
+    if (at == std::string::npos) return series;
+    size_t end = series.find('"', at + 12);
+    while (end != std::string::npos && series[end - 1] == '\\') end = series.find('"', end + 1);
+    if (end == std::string::npos) return series;
+    std::string out = series.substr(0, at) + series.substr(end + 1 + (series[end + 1] == ',' ? 1 : 0));
+    if (out.ends_with("{}")) out.resize(out.size() - 2);
+    return out;
+}
+
 inline double total(const std::map<std::string, double>& samples, const std::string& name) {
     double sum = 0;
-    for (const auto& [series, value] : samples)
+    for (const auto& [labelled, value] : samples) {
+        const std::string series = without_model_label(labelled);
         if (series == name || series.rfind(name + "{", 0) == 0) sum += value;
+    }
     return sum;
 }
 
