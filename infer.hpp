@@ -2953,10 +2953,21 @@ private:
     }
 
     // Temperature, then top-k, top-p and min-p: candidates_[0, kept) hold the survivors, likeliest first, with their
-    // unnormalized probabilities. Returns kept.
+    // unnormalized probabilities. Returns kept. Without truncation nothing needs an order: every token with a
+    // non-zero probability, in id order, and no sort of V candidates per token (milliseconds at V = 32k).
     size_t keep_candidates(std::span<const float> logits) {
         const int V = static_cast<int>(logits.size());
         candidates_.resize(static_cast<size_t>(V));
+        if ((params_.top_k <= 0 || params_.top_k >= V) && params_.top_p >= 1 && params_.min_p <= 0) {
+            const float max = *std::max_element(logits.begin(), logits.end());
+            size_t kept = 0;
+            for (int i = 0; i < V; ++i) {
+                const double p = std::exp(static_cast<double>(logits[i] - max) / params_.temperature);
+                if (p > 0) candidates_[kept++] = {logits[i] / params_.temperature, i, p};
+            }
+            if (kept == 0) candidates_[kept++] = {0, argmax(logits), 1.0};  // no finite logit: the argmax rule decides
+            return kept;
+        }
         for (int i = 0; i < V; ++i) candidates_[i] = {logits[i] / params_.temperature, i};
         auto higher = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
         size_t kept = candidates_.size();
@@ -4133,12 +4144,18 @@ private:
             Stopwatch clock;
             logits_.assign(row.begin(), row.end());
             int next;
-            if (i == d || r.params.temperature == 0) {
-                next = r.sampler->sample(logits_);  // greedy keeps a guess exactly when it is the argmax
-            } else {
-                std::span<const float> q;
-                if (!r.draft_q.empty()) q = std::span<const float>(r.draft_q).subspan(static_cast<size_t>(i) * V, V);
-                next = verify_draft_token(*r.sampler, logits_, drafted_[i], q, scratch_);
+            try {
+                if (i == d || r.params.temperature == 0) {
+                    next = r.sampler->sample(logits_);  // greedy keeps a guess exactly when it is the argmax
+                } else {
+                    std::span<const float> q;
+                    if (!r.draft_q.empty()) q = std::span<const float>(r.draft_q).subspan(static_cast<size_t>(i) * V, V);
+                    next = verify_draft_token(*r.sampler, logits_, drafted_[i], q, scratch_);
+                }
+            } catch (const Error& e) {  // e.g. a grammar past its state limit: this request fails, the batch goes on
+                stats.sample += clock.seconds();
+                finish(s.id, FinishReason::Error, e.what(), events, &event);
+                return;
             }
             stats.sample += clock.seconds();
             const bool kept = i < d && next == drafted_[i];
@@ -4146,7 +4163,14 @@ private:
                 ++r.result.accepted_tokens;
                 ++stats.accepted_tokens;
             }
-            if (!emit(r, next, row, event, stats, events)) return;  // finished: the event went out with it
+            bool going = false;
+            try {
+                going = emit(r, next, row, event, stats, events);
+            } catch (const Error& e) {  // the grammar's step past its state limit, as above
+                finish(s.id, FinishReason::Error, e.what(), events, &event);
+                return;
+            }
+            if (!going) return;  // finished: the event went out with it
             if (!kept) break;
             ++s.computed;  // a kept guess's K/V were computed from this very id in this step
         }

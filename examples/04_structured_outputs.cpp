@@ -5,9 +5,9 @@
 // Writes the schema (a built-in one of ten fields, or FILE) as a regular expression, compiles it over the model's
 // vocabulary, and shows the masks at the first states of an output: how many of the V tokens each state allows.
 // Then it samples the same seeds three times through the engine: constrained while the masks are being built (cold),
-// constrained again with every mask cached (warm), and unconstrained for as many tokens, and prints the time per
-// token of each and what the sampler's share of it is. Every constrained output is parsed back as JSON. Without -m it
-// uses the built-in demo model. Chapter 04 walks through it.
+// constrained again with every mask cached (warm), and unconstrained with each request as long as its constrained
+// twin (the same batches, step by step), and prints the time per token of each and the sampler's share of it. Every
+// constrained output is parsed back as JSON. Without -m it uses the built-in demo model. Chapter 04 walks through it.
 #include "command_line.hpp"
 #include "infer.hpp"
 
@@ -57,8 +57,8 @@ Run run(const infer::Model& model, infer::ThreadPool& pool, const std::vector<in
     for (int id : ids) {
         r.results.push_back(*engine.take_result(id));
         r.tokens += r.results.back().generated_ids.size();
-        r.sample_seconds += r.results.back().times.breakdown.sample;
     }
+    for (const infer::StepStats& step : engine.steps()) r.sample_seconds += step.sample;  // all the step's samplers
     return r;
 }
 
@@ -126,11 +126,12 @@ int main(int argc, char** argv) try {
     const Run cold = run(model, pool, prompt, samples, constrained);
     const int states_after = grammar->state_count();
     const Run warm = run(model, pool, prompt, samples, constrained);
-    const int per_request = static_cast<int>(warm.tokens / static_cast<size_t>(samples));
+    // Unconstrained, each request as long as its constrained twin: the same batches step by step, so the difference
+    // is the constraint's alone.
     const Run free_run = run(model, pool, prompt, samples, [&](int i) {
         infer::SamplingParams p;
         p.seed = static_cast<uint64_t>(i);
-        p.max_tokens = std::max(1, per_request);
+        p.max_tokens = std::max<int>(1, static_cast<int>(warm.results[static_cast<size_t>(i)].generated_ids.size()));
         p.ignore_eos = true;
         return p;
     });

@@ -210,7 +210,7 @@ TEST_CASE("tool calls in auto mode: the model's markup parsed into calls, whole 
     CHECK(whole(two, false).second.size() == 1);  // parallel_tool_calls false: the first only
 
     // Streamed one byte at a time: the same content and calls, and no byte of markup leaks into the content.
-    for (const std::string text : {std::string("Let me look.<tool_call>\n{\"name\": \"g\", \"arguments\": {\"q\": \"<x>\"}}\n</tool_call> Done."),
+    for (const std::string& text : {std::string("Let me look.<tool_call>\n{\"name\": \"g\", \"arguments\": {\"q\": \"<x>\"}}\n</tool_call> Done."),
                                    std::string("  {\"name\": \"f\", \"parameters\": {}}"), std::string("plain <tool text")}) {
         ToolCallParser parser(ToolChoice::Auto, "", true, "x");
         std::string streamed_content;

@@ -663,6 +663,14 @@ TEST_CASE("infer route: streams pass through; a killed upstream is ejected, and 
     CHECK(json::parse(plain->body)["usage"]["completion_tokens"] == 3);
     auto bad = post(port, "/v1/completions", R"({"prompt": "Hi", "top_p": 5})");
     CHECK(bad->status == 400);  // the upstream's error passes through as it is
+    auto tokens = post(port, "/tokenize", R"({"prompt": "Once upon a time"})");  // the other endpoints pass through too
+    REQUIRE(tokens);
+    CHECK(tokens->status == 200);
+    CHECK(json::parse(tokens->body)["count"].get<int>() > 0);
+    httplib::Client proxied("127.0.0.1", port);
+    auto model = proxied.Get("/v1/models/infer-demo");
+    REQUIRE(model);
+    CHECK(json::parse(model->body)["id"] == "infer-demo");
 
     const std::string healthy_first = "infer:upstream_healthy{upstream=\"" + first->url() + "\"}";
     CHECK(metric(metrics(port), healthy_first) == 1);

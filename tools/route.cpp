@@ -23,9 +23,10 @@ const char* route_usage = R"(usage:
               [--health-interval SECONDS] [--http-threads N] [--backlog N] [--upstream-timeout SECONDS]
               [--served-model-name NAME]
 
-  Forwards /v1/completions, /v1/chat/completions and /v1/models to the upstream `infer serve` processes (URL like
-  http://127.0.0.1:8081), streams passed through. GET /health: 200 while an upstream is healthy. GET /metrics: the
-  proxy's own (upstream health, requests per upstream), labelled model_name="NAME" (default: infer).
+  Forwards /v1/completions, /v1/chat/completions, /v1/models[/ID], /tokenize, /detokenize and /v1/embeddings to the
+  upstream `infer serve` processes (URL like http://127.0.0.1:8081), streams passed through. GET /health: 200 while
+  an upstream is healthy. GET /metrics: the proxy's own (upstream health, requests per upstream), labelled
+  model_name="NAME" (default: infer).
 )";
 
 struct Upstream {
@@ -173,8 +174,9 @@ private:
             if (complete) this->forward(req, body, res);
         };
         http_.Get("/v1/models", forward);
-        http_.Post("/v1/completions", forward_body);
-        http_.Post("/v1/chat/completions", forward_body);
+        http_.Get(R"(/v1/models/(.+))", forward);
+        for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/embeddings"})
+            http_.Post(path, forward_body);
     }
 
     // What routing needs from a body: the prompt's text (prefix policy) and its cost estimate (least-loaded).

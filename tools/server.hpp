@@ -736,7 +736,10 @@ inline std::string token_string(const ResponseHead& head, int id) {
 
 inline std::string byte_list(std::string_view text) {
     std::string out = "[";
-    for (size_t i = 0; i < text.size(); ++i) out += (i ? "," : "") + std::to_string(static_cast<unsigned char>(text[i]));
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (i) out += ',';
+        out += std::to_string(static_cast<unsigned char>(text[i]));
+    }
     return out + "]";
 }
 
