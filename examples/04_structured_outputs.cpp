@@ -122,6 +122,11 @@ int main(int argc, char** argv) try {
         p.grammar = grammar;
         return p;
     };
+    run(model, pool, prompt, 1, [](int) {  // a warm-up: the first pass over the weights pays their page faults
+        infer::SamplingParams p;
+        p.max_tokens = 4;
+        return p;
+    });
     const int states_before = grammar->state_count();
     const Run cold = run(model, pool, prompt, samples, constrained);
     const int states_after = grammar->state_count();
