@@ -82,7 +82,7 @@
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
 // F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K through
 // integer kernels on 8-bit activations, the others decoded to f32 a tile of rows at a time; IQ* and TQ* types are
-// refused by name); `infer quantize` writes all but Q2_K and Q3_K; the tokenizer reads BPE tokenizers only
+// refused by name); `infer quantize` writes them all; the tokenizer reads BPE tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
 //
@@ -7995,37 +7995,41 @@ inline void quantize_q45_k(const float* x, std::byte* b, int bits) {
         }
 }
 
-// Q6_K: sixteen sub-blocks of 16, symmetric, q in −32…31. Each sub-block's scale is fitted as in Q4_0 (its extreme
-// on −32) and refined by least squares over a few grids; the scales are stored as int8 multiples of d (f16), and every
-// q is rounded again against d·scale.
+// The best x ≈ scale·q for one sub-block, q in low…high (symmetric types: Q3_K, Q6_K): the scale that puts the
+// sub-block's extreme on `low`, refined by least squares over a few grids around it.
+inline float fit_symmetric(const float* xs, int n, int low, int high) {
+    const float extreme = signed_extreme(xs, n);
+    float best_scale = extreme / static_cast<float>(low), best_error = std::numeric_limits<float>::max();
+    for (int step = -6; step <= 6 && extreme != 0.0f; ++step) {
+        const float grid = (static_cast<float>(low) + 0.1f * static_cast<float>(step)) / extreme;
+        double sum_xq = 0, sum_qq = 0;
+        for (int i = 0; i < n; ++i) {
+            const double q = std::clamp(static_cast<int>(std::nearbyint(xs[i] * grid)), low, high);
+            sum_xq += xs[i] * q;
+            sum_qq += q * q;
+        }
+        if (sum_qq <= 0) continue;
+        const float scale = static_cast<float>(sum_xq / sum_qq);
+        float error = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            const int q = std::clamp(static_cast<int>(std::nearbyint(xs[i] / scale)), low, high);
+            error += (scale * static_cast<float>(q) - xs[i]) * (scale * static_cast<float>(q) - xs[i]);
+        }
+        if (error < best_error) {
+            best_error = error;
+            best_scale = scale;
+        }
+    }
+    return best_scale;
+}
+
+// Q6_K: sixteen sub-blocks of 16, symmetric, q in −32…31, each scale fitted by fit_symmetric; the scales are stored
+// as int8 multiples of d (f16), and every q is rounded again against d·scale.
 inline void quantize_q6_k(const float* x, std::byte* b) {
     float fitted[16], max_abs = 0.0f;
     for (int j = 0; j < 16; ++j) {
-        const float* xs = x + 16 * j;
-        const float extreme = signed_extreme(xs, 16);
-        float best_scale = extreme / -32.0f, best_error = std::numeric_limits<float>::max();
-        for (int step = -6; step <= 6 && extreme != 0.0f; ++step) {
-            const float grid = (-32.0f + 0.1f * static_cast<float>(step)) / extreme;
-            double sum_xq = 0, sum_qq = 0;
-            for (int i = 0; i < 16; ++i) {
-                const double q = std::clamp(static_cast<int>(std::nearbyint(xs[i] * grid)), -32, 31);
-                sum_xq += xs[i] * q;
-                sum_qq += q * q;
-            }
-            if (sum_qq <= 0) continue;
-            const float scale = static_cast<float>(sum_xq / sum_qq);
-            float error = 0.0f;
-            for (int i = 0; i < 16; ++i) {
-                const int q = std::clamp(static_cast<int>(std::nearbyint(xs[i] / scale)), -32, 31);
-                error += (scale * static_cast<float>(q) - xs[i]) * (scale * static_cast<float>(q) - xs[i]);
-            }
-            if (error < best_error) {
-                best_error = error;
-                best_scale = scale;
-            }
-        }
-        fitted[j] = best_scale;
-        max_abs = std::max(max_abs, std::fabs(best_scale));
+        fitted[j] = fit_symmetric(x + 16 * j, 16, -32, 31);
+        max_abs = std::max(max_abs, std::fabs(fitted[j]));
     }
     const float d = f16_round(max_abs / 127.0f);
     std::byte* ql = b;
@@ -8047,10 +8051,69 @@ inline void quantize_q6_k(const float* x, std::byte* b) {
     put_f16(b + 208, d);
 }
 
+// Q2_K: sixteen sub-blocks of 16, each fitted as x ≈ scale·q − offset with q in 0…3 (fit_affine); the scales and
+// offsets are stored as 4-bit multiples of the block's d and dmin (f16), and every q is rounded again against them.
+// The layout is dequantize_q2_k's: weight e's two bits sit in qs[32·(e/128) + e%32] at bit 2·((e%128)/32).
+inline void quantize_q2_k(const float* x, std::byte* b) {
+    AffineFit fits[16];
+    float max_scale = 0.0f, max_offset = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+        fits[j] = fit_affine(x + 16 * j, 16, 3);
+        max_scale = std::max(max_scale, fits[j].scale);
+        max_offset = std::max(max_offset, fits[j].offset);
+    }
+    const float d = f16_round(max_scale / 15.0f), dmin = f16_round(max_offset / 15.0f);
+    std::memset(b, 0, 84);
+    for (int j = 0; j < 16; ++j) {
+        const int sc = d > 0 ? std::clamp(static_cast<int>(std::nearbyint(fits[j].scale / d)), 0, 15) : 0;
+        const int m = dmin > 0 ? std::clamp(static_cast<int>(std::nearbyint(fits[j].offset / dmin)), 0, 15) : 0;
+        b[j] = static_cast<std::byte>(sc | m << 4);
+        const float step = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+        for (int i = 0; i < 16; ++i) {
+            const int e = 16 * j + i;
+            const int q = step > 0 ? std::clamp(static_cast<int>(std::nearbyint((x[e] + offset) / step)), 0, 3) : 0;
+            b[16 + 32 * (e / 128) + e % 32] |= static_cast<std::byte>(q << (2 * ((e % 128) / 32)));
+        }
+    }
+    put_f16(b + 80, d);
+    put_f16(b + 82, dmin);
+}
+
+// Q3_K: sixteen sub-blocks of 16, symmetric, q in −4…3 (fit_symmetric). The scale of largest magnitude sets d (f16):
+// it becomes exactly −32·d, the most negative 6-bit code; the others are rounded multiples of d, and every q is
+// rounded again against d·scale. q + 4 splits into two low bits (qs, as in Q2_K) and a third bit (hmask[e%32], bit
+// e/32); the scales' low nibbles fill bytes 0–7, their top two bits bytes 8–11 (dequantize_q3_k's layout).
+inline void quantize_q3_k(const float* x, std::byte* b) {
+    float fitted[16], largest = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+        fitted[j] = fit_symmetric(x + 16 * j, 16, -4, 3);
+        if (std::fabs(fitted[j]) > std::fabs(largest)) largest = fitted[j];
+    }
+    const float d = f16_round(largest / -32.0f);
+    std::memset(b, 0, 110);
+    std::byte* hmask = b;
+    std::byte* qs = b + 32;
+    std::byte* scales = b + 96;
+    for (int j = 0; j < 16; ++j) {
+        const int sc = d != 0 ? std::clamp(static_cast<int>(std::nearbyint(fitted[j] / d)), -32, 31) : 0;
+        const int u = sc + 32;
+        scales[j < 8 ? j : j - 8] |= static_cast<std::byte>(j < 8 ? (u & 0x0F) : (u & 0x0F) << 4);
+        scales[8 + j % 4] |= static_cast<std::byte>((u >> 4) << (2 * (j / 4)));
+        const float step = d * static_cast<float>(sc);
+        for (int i = 0; i < 16; ++i) {
+            const int e = 16 * j + i;
+            const int q = step != 0.0f ? std::clamp(static_cast<int>(std::nearbyint(x[e] / step)), -4, 3) : 0;
+            const int code = q + 4;
+            qs[32 * (e / 128) + e % 32] |= static_cast<std::byte>((code & 3) << (2 * ((e % 128) / 32)));
+            if (code >> 2) hmask[e % 32] |= static_cast<std::byte>(1 << (e / 32));
+        }
+    }
+    put_f16(b + 108, d);
+}
+
 }  // namespace detail
 
-// `count` f32 weights (a whole number of blocks) into blocks of `dtype`: the inverse of dequantize_row. Q2_K and Q3_K
-// are read but not written.
+// `count` f32 weights (a whole number of blocks) into blocks of `dtype`: the inverse of dequantize_row.
 inline void quantize_row(DType dtype, const float* x, std::byte* blocks, int64_t count) {
     const DTypeBlock& block = dtype_block(dtype);
     for (int64_t i = 0; i < count; i += block.elements, x += block.elements, blocks += block.bytes) {
@@ -8070,8 +8133,8 @@ inline void quantize_row(DType dtype, const float* x, std::byte* blocks, int64_t
             case DType::Q4_K: detail::quantize_q45_k(x, blocks, 4); break;
             case DType::Q5_K: detail::quantize_q45_k(x, blocks, 5); break;
             case DType::Q6_K: detail::quantize_q6_k(x, blocks); break;
-            case DType::Q2_K:
-            case DType::Q3_K: fail("quantizing to ", dtype_name(dtype), " is not supported (it is read, not written)");
+            case DType::Q2_K: detail::quantize_q2_k(x, blocks); break;
+            case DType::Q3_K: detail::quantize_q3_k(x, blocks); break;
         }
     }
 }
@@ -8094,6 +8157,10 @@ inline const std::vector<QuantRecipe>& quant_recipes() {
         {"BF16", 32, DType::BF16, DType::BF16, DType::BF16},   {"Q8_0", 7, DType::Q8_0, DType::Q8_0, DType::Q8_0},
         {"Q4_0", 2, DType::Q4_0, DType::Q6_K, DType::Q4_0},    {"Q4_1", 3, DType::Q4_1, DType::Q6_K, DType::Q4_1},
         {"Q5_0", 8, DType::Q5_0, DType::Q6_K, DType::Q5_0},    {"Q5_1", 9, DType::Q5_1, DType::Q6_K, DType::Q5_1},
+        {"Q2_K", 10, DType::Q2_K, DType::Q6_K, DType::Q4_K, B::Small},
+        {"Q3_K_S", 11, DType::Q3_K, DType::Q6_K, DType::Q3_K},
+        {"Q3_K_M", 12, DType::Q3_K, DType::Q6_K, DType::Q4_K, B::Medium},
+        {"Q3_K_L", 13, DType::Q3_K, DType::Q6_K, DType::Q5_K, B::Medium},
         {"Q4_K_S", 14, DType::Q4_K, DType::Q6_K, DType::Q5_K, B::Small},
         {"Q4_K_M", 15, DType::Q4_K, DType::Q6_K, DType::Q6_K, B::Medium},
         {"Q5_K_S", 16, DType::Q5_K, DType::Q6_K, DType::Q6_K, B::Small},
@@ -8104,7 +8171,8 @@ inline const std::vector<QuantRecipe>& quant_recipes() {
 
 inline const QuantRecipe& quant_recipe(std::string name) {
     for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (name == "Q4_K") name = "Q4_K_M";  // as llama-quantize reads the bare names
+    if (name == "Q3_K") name = "Q3_K_M";  // as llama-quantize reads the bare names
+    if (name == "Q4_K") name = "Q4_K_M";
     if (name == "Q5_K") name = "Q5_K_M";
     std::string known;
     for (const QuantRecipe& r : quant_recipes()) {
@@ -8133,6 +8201,8 @@ inline DType quantized_type_for(const QuantRecipe& recipe, const std::string& na
     const int64_t row = shape.back();
     if (row % dtype_block(type).elements != 0) {
         switch (type) {
+            case DType::Q2_K:
+            case DType::Q3_K: type = DType::Q4_0; break;
             case DType::Q4_K: type = DType::Q5_0; break;
             case DType::Q5_K: type = DType::Q5_1; break;
             case DType::Q6_K: type = DType::Q8_0; break;

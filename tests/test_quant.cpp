@@ -291,6 +291,67 @@ TEST_CASE("quantize: the K-quants' own search leaves at most 10% more error than
     }
 }
 
+TEST_CASE("quantize: Q5_0, Q5_1, Q2_K and Q3_K files, round-tripped through the dequantizer") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-round-trip");
+    const infer::GgufFile source = infer::read_gguf(quant_fixture("F32"));
+    const infer::Model f32 = infer::load_model(quant_fixture("F32"));
+    const std::vector<int> ids = {1, 17, 99, 204, 311, 42, 7, 480};
+    const std::vector<float> exact_logits = prefill_logits(f32, ids);
+    // Error bounds relative to each tensor's RMS, from the grids' spacing: uniform rounding leaves step/√12, and a
+    // block of 32 (or a sub-block of 16) Gaussian weights spans about 4.5 (or 3.5) standard deviations: for 5 bits
+    // about 0.04, for 3 bits 0.14, for 2 bits 0.33, before the scales' own rounding. The bounds leave room for that.
+    const std::vector<std::pair<std::string, double>> types = {{"Q5_0", 0.06}, {"Q5_1", 0.06}, {"Q3_K", 0.22}, {"Q2_K", 0.45}};
+    std::vector<double> mean_errors, logit_errors;
+    for (const auto& [type, bound] : types) {
+        CAPTURE(type);
+        const infer::GgufFile ours = quantized_copy(dir, type, true);
+        const infer::DType dtype = type == "Q5_0" ? infer::DType::Q5_0 : type == "Q5_1" ? infer::DType::Q5_1
+                                 : type == "Q3_K" ? infer::DType::Q3_K : infer::DType::Q2_K;
+        double error_sum = 0;
+        int matrices = 0;
+        for (const auto& [name, t] : ours.tensors) {
+            if (t.shape.size() < 2) continue;
+            CAPTURE(name);
+            REQUIRE(t.dtype == dtype);
+            const infer::Tensor& original = source.tensors.at(name);
+            std::vector<float> row(static_cast<size_t>(t.cols())), x(row.size()), again(row.size());
+            std::vector<std::byte> blocks(static_cast<size_t>(t.bytes() / t.rows()));
+            double squares = 0, signal = 0;
+            bool fixed_point = true;
+            for (int64_t r = 0; r < t.rows(); ++r) {
+                t.read_row(r, row.data());
+                original.read_row(r, x.data());
+                for (size_t i = 0; i < row.size(); ++i) {
+                    squares += double(row[i] - x[i]) * double(row[i] - x[i]);
+                    signal += double(x[i]) * double(x[i]);
+                }
+                // Q5_0 and Q5_1 place their grid by the block's extremes: weights already on a grid quantize to it.
+                if (dtype == infer::DType::Q5_0 || dtype == infer::DType::Q5_1) {
+                    infer::quantize_row(dtype, row.data(), blocks.data(), t.cols());
+                    infer::dequantize_row(dtype, blocks.data(), again.data(), t.cols());
+                    fixed_point = fixed_point && again == row;
+                }
+            }
+            CHECK(fixed_point);
+            const double relative = std::sqrt(squares / signal);
+            CHECK(relative < bound);
+            error_sum += relative;
+            ++matrices;
+        }
+        REQUIRE(matrices > 0);
+        mean_errors.push_back(error_sum / matrices);
+        // The file loads and runs; fewer bits, further from the F32 model's logits.
+        const infer::Model model = infer::load_model(dir / (type + "-pure.gguf"));
+        logit_errors.push_back(difference(prefill_logits(model, ids), exact_logits).rms);
+        MESSAGE(type << ": weight error " << mean_errors.back() << " of the weights' RMS on average over " << matrices
+                     << " matrices; logit RMS vs F32 " << logit_errors.back());
+    }
+    CHECK(mean_errors[2] > mean_errors[0]);  // Q3_K has fewer bits than Q5_0
+    CHECK(mean_errors[3] > mean_errors[2]);  // Q2_K fewer still
+    CHECK(logit_errors[3] > logit_errors[0]);
+}
+
 TEST_CASE("quantize: Q4_K_M gives the same tensors more bits as llama-quantize, and the file runs") {
     REQUIRE_SHARED_OR_SKIP();
     test::TempDir dir("quantize-mix");

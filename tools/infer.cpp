@@ -78,7 +78,8 @@ const char* usage_text = R"(usage:
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
   infer quantize -m IN.gguf -o OUT.gguf --type TYPE [--pure] [-t THREADS]
                                                 IN's matrices quantized; TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
-                                                Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (--pure: no per-tensor exceptions)
+                                                Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K
+                                                (--pure: no per-tensor exceptions)
   infer pull ORG/NAME[:QUANT|/FILE]             downloads from the Hugging Face hub into its cache, prints the path
 
   -m PATH   a Hugging Face folder (config.json + *.safetensors), a .gguf file, or a llama2.c .bin
