@@ -12,7 +12,7 @@
 #include <thread>
 
 #ifdef INFER_BENCH_HTTP
-#include "serving_client.hpp"
+#include "serve_support.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -622,39 +622,8 @@ namespace {
 
 using client::free_port;
 
-// `infer serve` as a child process, its output in a temporary file; stopped with SIGTERM (SIGKILL if a check fails).
-class ServeProcess {
-public:
-    ServeProcess(std::vector<std::string> args) : dir_("bench-serve-log") {
-        pid_ = client::spawn(std::move(args), (dir_ / "log").string());
-    }
-    ~ServeProcess() {
-        if (pid_ > 0) ::kill(pid_, SIGKILL), ::waitpid(pid_, nullptr, 0);
-    }
-    int stop() {
-        ::kill(pid_, SIGTERM);
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::string log() const { return infer::read_text_file(dir_ / "log"); }
-
-private:
-    test::TempDir dir_;
-    pid_t pid_ = -1;
-};
-
-bool healthy(int port) {
-    for (int i = 0; i < 600; ++i) {
-        httplib::Client client("127.0.0.1", port);
-        client.set_connection_timeout(1);
-        auto answer = client.Get("/health");
-        if (answer && answer->status == 200) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-}
+using ServeProcess = serve_test::Process;  // `infer serve` as a child process, its stderr kept
+using serve_test::wait_for_health;
 
 }  // namespace
 
@@ -663,8 +632,8 @@ TEST_CASE("infer bench serve against a real infer serve: a complete report, each
     REQUIRE_SHARED_OR_SKIP();
     const std::string model = (test::shared_dir() / "models" / "stories260K" / "stories260K.gguf").string();
     const int port = free_port();
-    ServeProcess server({std::getenv("INFER_BIN"), "serve", "-m", model, "--port", std::to_string(port), "-t", "1"});
-    REQUIRE_MESSAGE(healthy(port), "infer serve did not become healthy:\n" << server.log());
+    ServeProcess server({std::getenv("INFER_BIN"), "serve", "-m", model, "--port", std::to_string(port), "-t", "1"}, "bench-serve");
+    REQUIRE_MESSAGE(wait_for_health(port), "infer serve did not become healthy:\n" << server.log());
     test::TempDir dir("bench-real");
     // Long requests (448 tokens, one at a time, after a warm-up) so that the microseconds outside the server (the
     // client, loopback, the server's accept) are a small part of each, even on a busy machine.
