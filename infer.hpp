@@ -2591,6 +2591,7 @@ public:
     }
 
     static constexpr int max_states = 20000;  // each holds 256 transitions and its mask: bounds memory per grammar
+    static constexpr uint64_t max_work = 200'000'000;  // NFA states visited in all: about a second, bounds the time
     static constexpr int start = 0;
     const std::string& description() const { return description_; }
     const TokenTrie& trie() const { return *trie_; }
@@ -2640,10 +2641,13 @@ private:
     std::vector<int> closure(std::vector<int>& from) const {
         std::vector<int> kept;
         std::vector<char> seen(nfa_.states.size(), 0);
+        work_ += nfa_.states.size() / 64 + from.size();  // clearing `seen`, and each state visited below
         while (!from.empty()) {
             const int i = from.back();
             from.pop_back();
             if (seen[static_cast<size_t>(i)]++) continue;
+            if (++work_ > max_work)
+                fail(description_, ": following this grammar takes more than ", max_work, " automaton steps; simplify it");
             const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
             if (s.kind == detail::NfaState::Kind::Split) {
                 from.push_back(s.other);
@@ -2727,6 +2731,7 @@ private:
     mutable std::mutex mutex_;
     mutable std::vector<std::unique_ptr<State>> states_;
     mutable std::map<std::vector<int>, int> index_;
+    mutable uint64_t work_ = 0;
 };
 
 // ---- Sampler --------------------------------------------------------------------------------------------------------
@@ -8425,6 +8430,9 @@ struct RegexNode {
 
 inline constexpr int regex_max_count = 1000;      // {n,m} bound: larger counts would build huge automata
 inline constexpr size_t regex_max_states = 2000000;
+inline constexpr int regex_max_depth = 256;             // nested groups: the parser recurses once per group
+inline constexpr size_t regex_max_bytes = 1 << 20;      // an expression written from a schema: $refs and optional
+                                                        // properties repeat text, and must not grow without bound
 
 // The code points [lo, hi] (no surrogates) as UTF-8 byte-range sequences, appended as Bytes alternatives: the range
 // is split until every sequence is a product of byte ranges (all its code points share a prefix structure).
@@ -8551,6 +8559,7 @@ private:
 
     RegexNode atom() {
         if (take('(')) {
+            if (++depth_ > regex_max_depth) error(concat("nests groups more than ", regex_max_depth, " deep"));
             if (take('?')) {
                 if (take(':')) {
                 } else if ((take('<') || (take('P') && take('<'))) && more() && peek() != '=' && peek() != '!') {
@@ -8562,6 +8571,7 @@ private:
             }
             RegexNode inside = alternation();
             if (!take(')')) error("has an unmatched '('");
+            --depth_;
             return inside;
         }
         if (take('[')) return from_ranges(char_class());
@@ -8691,6 +8701,7 @@ private:
 
     std::string_view text_;
     size_t at_ = 0;
+    int depth_ = 0;  // groups open at at_
 };
 
 // Propagates "matches nothing" upwards, so that every node left can match something: the automaton then needs no
@@ -8922,6 +8933,7 @@ public:
                 "if", "then", "else", "not", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "additionalItems"};
             if (unsupported.count(key)) refuse(path, concat("keyword \"", key, "\" is not supported by structured outputs"));
         }
+        if (++calls_ > max_calls) refuse(path, concat("the schema expands to more than ", max_calls, " subschemas; simplify it"));
         if (const Json* ref = schema.find("$ref")) return reference(*ref, path);
         if (const Json* c = schema.find("const")) return regex_escape(c->dump());
         if (const Json* e = schema.find("enum")) {
@@ -9092,6 +9104,8 @@ private:
     }
 
     static constexpr int max_ref_depth = 3;
+    static constexpr int max_calls = 100000;  // $refs to $refs can multiply: a bound on the work, whatever the schema
+    int calls_ = 0;
     const Json& root_;
     std::string origin_;
     std::map<std::string, int> expanding_;
@@ -9101,7 +9115,10 @@ private:
 
 // A JSON Schema as a regular expression over the JSON text it allows. `origin` names it in messages.
 inline std::string regex_for_json_schema(const Json& schema, const std::string& origin = "JSON schema") {
-    return detail::JsonSchemaWriter(schema, origin).value(schema, "");
+    std::string regex = detail::JsonSchemaWriter(schema, origin).value(schema, "");
+    if (regex.size() > detail::regex_max_bytes)
+        fail(origin, ": the schema's expression is ", regex.size(), " bytes, more than ", detail::regex_max_bytes, "; simplify it");
+    return regex;
 }
 
 

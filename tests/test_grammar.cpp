@@ -96,6 +96,10 @@ TEST_CASE("regular expressions: the dialect, UTF-8 classes, and what is refused 
     CHECK(test::error_of([] { feeder().matches("(ab", "ab"); }).find("unmatched '('") != std::string::npos);
     CHECK(test::error_of([] { feeder().matches("a{5,2}", "a"); }).find("m < n") != std::string::npos);
     CHECK(test::error_of([] { feeder().matches("a{2000}", "a"); }).find("count above 1000") != std::string::npos);
+    // Hostile sizes end in a message, not a blown stack or an automaton that fills the memory.
+    CHECK(test::error_of([] { feeder().matches(std::string(300, '(') + "a" + std::string(300, ')'), "a"); })
+              .find("nests groups more than 256 deep") != std::string::npos);
+    CHECK(test::error_of([] { feeder().matches("((a{1000}){1000}){1000}", "a"); }).find("automaton states") != std::string::npos);
 }
 
 TEST_CASE("integer ranges: every integer in [-1200, 1200] is matched exactly when it is inside the bounds") {
@@ -154,6 +158,13 @@ TEST_CASE("JSON Schemas and json_object: what they accept, and keywords refused 
     CHECK(refused(R"({"type":"object","properties":{"a":{}},"required":["b"]})").find("names \"b\"") != std::string::npos);
     CHECK(refused(R"({"$ref":"#/$defs/missing"})").find("is not a definition") != std::string::npos);
     CHECK(refused(R"({"type":"widget"})").find("unknown type \"widget\"") != std::string::npos);
+    // $refs that each use the next twice would write 2^40 copies: refused while the expression is still small.
+    std::string chain = R"({"$defs": {)";
+    for (int i = 0; i < 40; ++i)
+        chain += (i ? "," : "") + infer::concat("\"d", i, "\": {\"type\": \"array\", \"items\": {\"anyOf\": [{\"$ref\": \"#/$defs/d", i + 1,
+                                               "\"}, {\"$ref\": \"#/$defs/d", i + 1, "\"}]}}");
+    chain += R"(, "d40": {"type": "null"}}, "$ref": "#/$defs/d0"})";
+    CHECK(refused(chain.c_str()).find("simplify it") != std::string::npos);
 }
 
 TEST_CASE("token masks: the trie walk allows exactly the tokens whose bytes keep the automaton alive (real tokenizers)") {
