@@ -230,6 +230,17 @@ inline std::vector<std::string> request_seeds() {
         R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_completion_tokens": 4,)"
         R"( "logprobs": true, "top_logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -0.5, "min_p": 0.1})",
         R"({"prompt": [1, 5, 9, 30], "max_tokens": 2, "ignore_eos": true, "repetition_penalty": 1.1})",
+        R"({"prompt": ["a", [1, 2]], "echo": true, "best_of": 2, "logit_bias": {"5": -100, "7": 3.5}, "suffix": "x",)"
+        R"( "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object", "properties":)"
+        R"( {"a": {"type": "integer", "minimum": -5, "maximum": 250}, "b": {"enum": ["x", 1, null]}, "c": {"type": "array",)"
+        R"( "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}, "required": ["a"], "$defs": {"n": {"anyOf": [{"type": "string",)"
+        R"( "maxLength": 3}, {"type": "null"}]}}}}}})",
+        R"({"prompt": "x", "guided_regex": "([a-c]{2,3}|\d+)?[^\s"]*(?:x|y)+\u00e9.", "guided_choice": ["a", "b"]})",
+        R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, {"role": "assistant", "content": null,)"
+        R"( "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool",)"
+        R"( "content": "ok"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",)"
+        R"( "properties": {"q": {"type": "string"}}}}}], "tool_choice": "required", "parallel_tool_calls": false,)"
+        R"( "chat_template_kwargs": {"x": 1}, "structured_outputs": {"json_object": true}})",
     };
 }
 

@@ -107,7 +107,8 @@ TEST_CASE("integer ranges: every integer in [-1200, 1200] is matched exactly whe
     using Bound = std::optional<int64_t>;
     const std::vector<std::pair<Bound, Bound>> ranges = {
         {0, 120}, {7, 7}, {13, 987}, {-45, 12}, {std::nullopt, -3}, {250, std::nullopt}, {-1000, -10}, {100, 199}, {1, 1000}};
-    for (const auto& [lo, hi] : ranges) {
+    for (const auto& range : ranges) {
+        const Bound lo = range.first, hi = range.second;  // named apart: clang refuses bindings in doctest's lambdas
         infer::Grammar grammar(infer::detail::integer_range(lo, hi), f.trie, "range");
         for (int64_t x = -1200; x <= 1200; ++x) {
             int state = infer::Grammar::start;

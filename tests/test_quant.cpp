@@ -303,14 +303,18 @@ TEST_CASE("quantize: Q5_0, Q5_1, Q2_K and Q3_K files, round-tripped through the 
     // about 0.04, for 3 bits 0.14, for 2 bits 0.33, before the scales' own rounding. The bounds leave room for that.
     const std::vector<std::pair<std::string, double>> types = {{"Q5_0", 0.06}, {"Q5_1", 0.06}, {"Q3_K", 0.22}, {"Q2_K", 0.45}};
     std::vector<double> mean_errors, logit_errors;
-    for (const auto& [type, bound] : types) {
+    for (const auto& type_and_bound : types) {
+        const std::string& type = type_and_bound.first;  // named apart: clang refuses bindings in CAPTURE's lambda
+        const double bound = type_and_bound.second;
         CAPTURE(type);
         const infer::GgufFile ours = quantized_copy(dir, type, true);
         const infer::DType dtype = type == "Q5_0" ? infer::DType::Q5_0 : type == "Q5_1" ? infer::DType::Q5_1
                                  : type == "Q3_K" ? infer::DType::Q3_K : infer::DType::Q2_K;
         double error_sum = 0;
         int matrices = 0;
-        for (const auto& [name, t] : ours.tensors) {
+        for (const auto& entry : ours.tensors) {
+            const std::string& name = entry.first;
+            const infer::Tensor& t = entry.second;
             if (t.shape.size() < 2) continue;
             CAPTURE(name);
             REQUIRE(t.dtype == dtype);

@@ -166,10 +166,10 @@ inline infer::Json template_variables(const infer::Tokenizer& tokenizer) {
 inline infer::Json merged(const infer::Json& base, const infer::Json& more) {
     infer::Json::Object out = base.is_object() ? base.as_object() : infer::Json::Object{};
     if (more.is_object())
-        for (const auto& [key, value] : more.as_object()) {
-            auto same = std::find_if(out.begin(), out.end(), [&](const auto& member) { return member.first == key; });
-            if (same != out.end()) same->second = value;
-            else out.emplace_back(key, value);
+        for (const auto& member : more.as_object()) {
+            auto same = std::find_if(out.begin(), out.end(), [&](const auto& existing) { return existing.first == member.first; });
+            if (same != out.end()) same->second = member.second;
+            else out.push_back(member);
         }
     return infer::Json(std::move(out));
 }
