@@ -119,7 +119,7 @@ public:
         return grammar;
     }
 
-    static constexpr size_t capacity = 64;
+    static constexpr size_t capacity = 16;  // each holds its masks (V bits per state reached): a bound on memory
 
 private:
     const infer::Tokenizer* tokenizer_;
