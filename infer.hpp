@@ -80,8 +80,8 @@
 // pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
-// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K through
-// integer kernels on 8-bit activations, the others decoded to f32 a tile of rows at a time; IQ* and TQ* types are
+// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (all but Q2_K and Q3_K through
+// integer kernels on 8-bit activations, those two decoded to f32 a tile of rows at a time; IQ* and TQ* types are
 // refused by name); `infer quantize` writes them all; the tokenizer reads BPE tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
@@ -2156,20 +2156,23 @@ inline void matmul_rows_dequantized(const Tensor& w, const float* x, int T, floa
 // holds here too. Fewer bytes per weight and 32 multiply-adds per instruction: appendix H.
 //
 // Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
-// f16) for Q8_0 and Q4_0 weights, its Q8_K (blocks of 256, d = −max/127 kept in f32, where max is the element of
+// f16) for Q8_0, Q4_0 and Q5_0 weights, with Q8_1's s = f16(d·Σq) beside it for Q4_1 and Q5_1 (their minimum
+// multiplies the block's sum), and its Q8_K (blocks of 256, d = −max/127 kept in f32, where max is the element of
 // largest magnitude with its sign, plus the sum of each 16 values) for the K-quants. Rounding is to nearest, ties to
 // even, as its x86 build does, so the blocks are bit-identical to llama.cpp's.
 struct QuantizedRows {
     int block = 32;
     std::vector<int8_t> q;       // [T, K]
     std::vector<float> d;        // [T, K / block]
+    std::vector<float> s;        // [T, K / 32], blocks of 32 only: Q8_1's s, d·Σq with the unrounded d, as f16
     std::vector<int16_t> sums;   // [T, K / 16], Q8_K only: what the K-quants' minimums multiply
 };
 
 inline bool has_integer_kernel(DType dtype) {
-    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
+    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_1 || dtype == DType::Q5_0 ||
+           dtype == DType::Q5_1 || dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
 }
-inline int activation_block(DType dtype) { return dtype == DType::Q8_0 || dtype == DType::Q4_0 ? 32 : 256; }
+inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
 inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
 inline void matmul_rows_integer(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end);
 
@@ -2209,7 +2212,10 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
                     case DType::BF16: matmul_rows<DType::BF16>(p.w, x, T, p.out, from, to); break;
                     case DType::F16: matmul_rows<DType::F16>(p.w, x, T, p.out, from, to); break;
                     case DType::Q8_0:
-                    case DType::Q4_0: matmul_rows_integer(p.w, x_by_32, T, p.out, from, to); break;
+                    case DType::Q4_0:
+                    case DType::Q4_1:
+                    case DType::Q5_0:
+                    case DType::Q5_1: matmul_rows_integer(p.w, x_by_32, T, p.out, from, to); break;
                     case DType::Q4_K:
                     case DType::Q5_K:
                     case DType::Q6_K: matmul_rows_integer(p.w, x_by_256, T, p.out, from, to); break;
@@ -7689,6 +7695,7 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
     out.block = block;
     out.q.resize(static_cast<size_t>(T) * K);
     out.d.resize(static_cast<size_t>(T) * blocks);
+    out.s.resize(block == 32 ? static_cast<size_t>(T) * blocks : 0);
     out.sums.resize(block == 256 ? static_cast<size_t>(T) * (K / 16) : 0);
     for (size_t b = 0; b < static_cast<size_t>(T) * blocks; ++b) {
         const float* v = x + b * static_cast<size_t>(block);
@@ -7698,7 +7705,9 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
             const float scale = amax != 0.0f ? 127.0f / amax : 0.0f;
             out.d[b] = f16_round(amax / 127.0f);
-            for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * scale));
+            int sum = 0;
+            for (int i = 0; i < 32; ++i) sum += q[i] = static_cast<int8_t>(std::nearbyint(v[i] * scale));
+            out.s[b] = f16_round(amax / 127.0f * static_cast<float>(sum));
         } else {
             const float extreme = signed_extreme(v, 256);
             const float scale = extreme != 0.0f ? -127.0f / extreme : 0.0f;
@@ -7749,7 +7758,8 @@ inline int32_t dot_i8(const int8_t* a, const int8_t* b, int n) {
 // scales widened to f32, and the K-quants' 6- or 8-bit sub-block scales and minimums as integers.
 struct UnpackedRow {
     std::vector<int8_t> q;
-    std::vector<float> d, dmin;   // per block (32 weights for Q8_0/Q4_0, 256 for the K-quants)
+    std::vector<float> d, dmin;   // per block (32 weights for Q8_0/Q4_*/Q5_*, 256 for the K-quants); dmin holds the
+                                  // K-quants' dmin and Q4_1/Q5_1's minimum m
     std::vector<int> scale, min;  // per sub-block (32 weights in Q4_K/Q5_K, 16 in Q6_K)
 };
 
@@ -7772,6 +7782,18 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
             for (int k = 0; k < 16; ++k) {
                 q[k] = static_cast<int8_t>((qs[k] & 0x0F) - 8);
                 q[k + 16] = static_cast<int8_t>((qs[k] >> 4) - 8);
+            }
+        } else if (dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1) {  // dequantize_q45_0_1's layout
+            const bool with_min = dtype != DType::Q5_0, five_bits = dtype != DType::Q4_1;
+            u.d[b] = f16_at(row);
+            if (with_min) u.dmin[b] = f16_at(row + 2);  // the minimum m, added once per weight: m · Σ x
+            uint32_t qh = 0;
+            if (five_bits) std::memcpy(&qh, row + (with_min ? 4 : 2), 4);
+            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + (with_min ? 4 : 2) + (five_bits ? 4 : 0));
+            const int offset = with_min ? 0 : 16;
+            for (int k = 0; k < 16; ++k) {
+                q[k] = static_cast<int8_t>(((qs[k] & 0x0F) | ((qh >> k) & 1) << 4) - offset);
+                q[k + 16] = static_cast<int8_t>(((qs[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
             }
         } else if (dtype == DType::Q6_K) {
             u.d[b] = f16_at(row + 208);
@@ -7808,7 +7830,8 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
 }
 
 // dot(weight row, activation row t): exact integer sums per block, then the block's scales in f32, blocks in order.
-//   Q8_0, Q4_0:  Σ_b (d_w·d_x) · Σ q_w·q_x
+//   Q8_0, Q4_0, Q5_0:  Σ_b (d_w·d_x) · Σ q_w·q_x
+//   Q4_1, Q5_1:        Σ_b (d_w·d_x) · Σ q_w·q_x  +  m_w · s_x                        (s_x = d_x · Σ q_x)
 //   Q4_K, Q5_K:  Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 32)
 //   Q6_K:        Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
 inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows& x, size_t K, int t) {
@@ -7821,6 +7844,7 @@ inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows
         const int8_t* bq = xq + b * static_cast<size_t>(x.block);
         if (x.block == 32) {
             sum += (w.d[b] * xd[b]) * static_cast<float>(dot_i8(wq, bq, 32));
+            if (dtype == DType::Q4_1 || dtype == DType::Q5_1) sum += w.dmin[b] * x.s[static_cast<size_t>(t) * blocks + b];
         } else if (dtype == DType::Q6_K) {
             int32_t scaled = 0;
             for (int j = 0; j < 16; ++j) scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);

@@ -235,7 +235,7 @@ inline std::vector<std::string> request_seeds() {
         R"( {"a": {"type": "integer", "minimum": -5, "maximum": 250}, "b": {"enum": ["x", 1, null]}, "c": {"type": "array",)"
         R"( "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}, "required": ["a"], "$defs": {"n": {"anyOf": [{"type": "string",)"
         R"( "maxLength": 3}, {"type": "null"}]}}}}}})",
-        R"({"prompt": "x", "guided_regex": "([a-c]{2,3}|\d+)?[^\s"]*(?:x|y)+\u00e9.", "guided_choice": ["a", "b"]})",
+        R"({"prompt": "x", "guided_regex": "([a-c]{2,3}|\\d+)?[^\\s\"]*(?:x|y)+\\u00e9.", "max_tokens": 3})",
         R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, {"role": "assistant", "content": null,)"
         R"( "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool",)"
         R"( "content": "ok"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",)"
