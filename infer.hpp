@@ -2646,12 +2646,18 @@ private:
     // The NFA states reachable from `from` without consuming a byte, keeping those that consume or accept.
     std::vector<int> closure(std::vector<int>& from) const {
         std::vector<int> kept;
-        std::vector<char> seen(nfa_.states.size(), 0);
-        work_ += nfa_.states.size() / 64 + from.size();  // clearing `seen`, and each state visited below
+        // `seen` is kept between calls and cleared by a new stamp, not refilled: a closure touches a few states of an
+        // NFA that may have millions.
+        if (seen_.size() != nfa_.states.size()) seen_.assign(nfa_.states.size(), 0);
+        if (++stamp_ == 0) {
+            std::fill(seen_.begin(), seen_.end(), 0);
+            stamp_ = 1;
+        }
         while (!from.empty()) {
             const int i = from.back();
             from.pop_back();
-            if (seen[static_cast<size_t>(i)]++) continue;
+            if (seen_[static_cast<size_t>(i)] == stamp_) continue;
+            seen_[static_cast<size_t>(i)] = stamp_;
             if (++work_ > max_work)
                 fail(description_, ": following this grammar takes more than ", max_work, " automaton steps; simplify it");
             const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
@@ -2738,6 +2744,8 @@ private:
     mutable std::vector<std::unique_ptr<State>> states_;
     mutable std::map<std::vector<int>, int> index_;
     mutable uint64_t work_ = 0;
+    mutable std::vector<uint32_t> seen_;  // [NFA states] closure's marks: == stamp_ when visited in the current call
+    mutable uint32_t stamp_ = 0;
 };
 
 // ---- Sampler --------------------------------------------------------------------------------------------------------
@@ -8947,7 +8955,19 @@ class JsonSchemaWriter {
 public:
     JsonSchemaWriter(const Json& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
 
+    // Every subschema's expression is checked as it is written: an array repeats its item, anyOf its options, so a
+    // chain of $refs can grow the text fourfold per level, and only a check at each level bounds the memory.
     std::string value(const Json& schema, const std::string& path) {
+        std::string regex = value_unchecked(schema, path);
+        if (regex.size() > regex_max_bytes)
+            refuse(path, concat("the schema's expression grows past ", regex_max_bytes, " bytes here; simplify it"));
+        return regex;
+    }
+
+    static constexpr int any_depth = 3;  // nesting allowed where a schema says "any value"
+
+private:
+    std::string value_unchecked(const Json& schema, const std::string& path) {
         if (schema.is_bool()) return schema.as_bool() ? json_regex::any_value(any_depth) : "[]";
         if (!schema.is_object()) refuse(path, "a schema must be an object or a boolean");
         for (const auto& [key, _] : schema.as_object()) {
@@ -8996,9 +9016,6 @@ public:
         return typed(schema, type->as_string(), path);
     }
 
-    static constexpr int any_depth = 3;  // nesting allowed where a schema says "any value"
-
-private:
     [[noreturn]] void refuse(const std::string& path, const std::string& what) const {
         fail(origin_, " at ", path.empty() ? "/" : path, ": ", what);
     }
