@@ -8440,7 +8440,9 @@ inline void save_random_model_gguf(const std::filesystem::path& path, const Mode
 
 // ==== J STRUCTURED OUTPUTS ===========================================================================================
 // The grammars of section 04 start as regular expressions: this appendix parses one into an NFA over bytes, and writes
-// JSON Schemas, "any JSON object" and choice lists as regular expressions.
+// JSON Schemas, "any JSON object" and choice lists as regular expressions. Appendix D's regex is a different tool: it
+// matches the tokenizers' split patterns by backtracking over code points (lookahead, \p{L}); a token mask needs the
+// set of states an automaton can be in after any byte, so this parser builds automata over bytes instead.
 //
 // The regex dialect is the common one: literals (UTF-8), . [...] [^...] \d \w \s and their negations, \n \t \r \f \v
 // \xHH \uHHHH, groups ( ) (?: ) (?<name> ), alternation |, quantifiers * + ? {n} {n,} {n,m} (a lazy ? suffix is
