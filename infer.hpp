@@ -80,9 +80,9 @@
 // pass of section 07; without it the header is standard-library-only and --device cuda says so.
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
-// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (all but Q2_K and Q3_K through
-// integer kernels on 8-bit activations, those two decoded to f32 a tile of rows at a time; IQ* and TQ* types are
-// refused by name); `infer quantize` writes them all; the tokenizer reads BPE tokenizers only
+// F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (all through integer kernels on 8-bit
+// activations; IQ* and TQ* types are refused by name); `infer quantize` writes them all; the tokenizer reads BPE
+// tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
 //
@@ -2168,10 +2168,7 @@ struct QuantizedRows {
     std::vector<int16_t> sums;   // [T, K / 16], Q8_K only: what the K-quants' minimums multiply
 };
 
-inline bool has_integer_kernel(DType dtype) {
-    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_1 || dtype == DType::Q5_0 ||
-           dtype == DType::Q5_1 || dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
-}
+inline bool has_integer_kernel(DType dtype) { return is_quantized(dtype); }  // every block type
 inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
 inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
 inline void matmul_rows_integer(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end);
@@ -2216,6 +2213,8 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
                     case DType::Q4_1:
                     case DType::Q5_0:
                     case DType::Q5_1: matmul_rows_integer(p.w, x_by_32, T, p.out, from, to); break;
+                    case DType::Q2_K:
+                    case DType::Q3_K:
                     case DType::Q4_K:
                     case DType::Q5_K:
                     case DType::Q6_K: matmul_rows_integer(p.w, x_by_256, T, p.out, from, to); break;
@@ -7777,7 +7776,8 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
     u.q.resize(K);
     u.d.resize(blocks);
     u.dmin.resize(blocks);
-    u.scale.resize(dtype == DType::Q6_K ? blocks * 16 : blocks * 8);
+    const bool sixteen = dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q6_K;  // sub-blocks of 16
+    u.scale.resize(sixteen ? blocks * 16 : blocks * 8);
     u.min.resize(u.scale.size());
     for (size_t b = 0; b < blocks; ++b, row += block.bytes) {
         int8_t* q = u.q.data() + b * static_cast<size_t>(block.elements);
@@ -7802,6 +7802,24 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
             for (int k = 0; k < 16; ++k) {
                 q[k] = static_cast<int8_t>(((qs[k] & 0x0F) | ((qh >> k) & 1) << 4) - offset);
                 q[k + 16] = static_cast<int8_t>(((qs[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
+            }
+        } else if (dtype == DType::Q2_K || dtype == DType::Q3_K) {  // dequantize_q2_k's and dequantize_q3_k's layouts
+            const bool three_bits = dtype == DType::Q3_K;
+            const std::byte* qs = row + (three_bits ? 32 : 16);
+            u.d[b] = f16_at(row + (three_bits ? 108 : 80));
+            if (!three_bits) u.dmin[b] = f16_at(row + 82);
+            for (int j = 0; j < 16; ++j) {
+                if (three_bits) {  // 6-bit scales biased by 32: low nibbles in bytes 0–7, top two bits in bytes 8–11
+                    const int low = j < 8 ? byte_at(row + 96, j) & 0x0F : byte_at(row + 96, j - 8) >> 4;
+                    u.scale[b * 16 + static_cast<size_t>(j)] = (low | ((byte_at(row + 104, j % 4) >> (2 * (j / 4))) & 3) << 4) - 32;
+                } else {
+                    u.scale[b * 16 + static_cast<size_t>(j)] = byte_at(row, j) & 0x0F;
+                    u.min[b * 16 + static_cast<size_t>(j)] = byte_at(row, j) >> 4;
+                }
+            }
+            for (int e = 0; e < 256; ++e) {
+                const int i = e % 32, low = (byte_at(qs, 32 * (e / 128) + i) >> (2 * ((e % 128) / 32))) & 3;
+                q[e] = static_cast<int8_t>(three_bits ? low - ((byte_at(row, i) >> (e / 32)) & 1 ? 0 : 4) : low);
             }
         } else if (dtype == DType::Q6_K) {
             u.d[b] = f16_at(row + 208);
@@ -7841,7 +7859,8 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
 //   Q8_0, Q4_0, Q5_0:  Σ_b (d_w·d_x) · Σ q_w·q_x
 //   Q4_1, Q5_1:        Σ_b (d_w·d_x) · Σ q_w·q_x  +  m_w · s_x                        (s_x = d_x · Σ q_x)
 //   Q4_K, Q5_K:  Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 32)
-//   Q6_K:        Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
+//   Q3_K, Q6_K:  Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
+//   Q2_K:        Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 16)
 inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows& x, size_t K, int t) {
     const int8_t* xq = x.q.data() + static_cast<size_t>(t) * K;
     const size_t blocks = K / static_cast<size_t>(x.block);
@@ -7853,10 +7872,18 @@ inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows
         if (x.block == 32) {
             sum += (w.d[b] * xd[b]) * static_cast<float>(dot_i8(wq, bq, 32));
             if (dtype == DType::Q4_1 || dtype == DType::Q5_1) sum += w.dmin[b] * x.s[static_cast<size_t>(t) * blocks + b];
-        } else if (dtype == DType::Q6_K) {
+        } else if (dtype == DType::Q6_K || dtype == DType::Q3_K) {
             int32_t scaled = 0;
             for (int j = 0; j < 16; ++j) scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
             sum += xd[b] * (w.d[b] * static_cast<float>(scaled));
+        } else if (dtype == DType::Q2_K) {
+            const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
+            int32_t scaled = 0, mins = 0;
+            for (int j = 0; j < 16; ++j) {
+                scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
+                mins += w.min[b * 16 + static_cast<size_t>(j)] * sums[j];
+            }
+            sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
         } else {
             const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
             int32_t scaled = 0, mins = 0;

@@ -482,15 +482,16 @@ TEST_CASE("integer kernels: every weight product of sequence A matches llama.cpp
     }
 }
 
-TEST_CASE("integer kernels: Q4_1, Q5_0 and Q5_1 products are the decoded weights times the 8-bit activations") {
-    // No llama.cpp reference exists here for Q5_0 and Q5_1: the reference is the definition, in double precision,
-    // from the decoder of appendix H and the activations' own blocks (Q4_1 is checked against llama.cpp above).
+TEST_CASE("integer kernels: Q4_1, Q5_0, Q5_1, Q2_K and Q3_K products are the decoded weights times the 8-bit activations") {
+    // No llama.cpp reference exists here for Q5_0, Q5_1, Q2_K and Q3_K: the reference is the definition, in double
+    // precision, from the decoder of appendix H and the activations' own blocks (Q4_1 is checked against llama.cpp
+    // above).
     REQUIRE_SHARED_OR_SKIP();
     test::TempDir dir("integer-q5");
     infer::ThreadPool pool(2);
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (const std::string type : {"Q4_1", "Q5_0", "Q5_1"}) {
+    for (const std::string type : {"Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K"}) {
         CAPTURE(type);
         const infer::GgufFile gguf = quantized_copy(dir, type, true);
         const infer::Tensor& w = gguf.tensors.at("blk.0.ffn_down.weight");
@@ -501,9 +502,10 @@ TEST_CASE("integer kernels: Q4_1, Q5_0 and Q5_1 products are the decoded weights
         for (float& v : x) v = normal(rng);
         std::vector<float> out(T * N);
         infer::detail::matmul(pool, x.data(), T, {{w, out.data()}});
+        const int block = infer::detail::activation_block(w.dtype);
         infer::detail::QuantizedRows xq;
-        infer::detail::quantize_activations(x.data(), T, K, 32, xq);
-        const bool with_min = w.dtype != infer::DType::Q5_0;
+        infer::detail::quantize_activations(x.data(), T, K, block, xq);
+        const bool with_min = w.dtype == infer::DType::Q4_1 || w.dtype == infer::DType::Q5_1;
         std::vector<float> row(K);
         double worst = 0;
         for (size_t n = 0; n < N; ++n) {
@@ -511,8 +513,12 @@ TEST_CASE("integer kernels: Q4_1, Q5_0 and Q5_1 products are the decoded weights
             for (int t = 0; t < T; ++t) {
                 // The minimum multiplies the block's stored sum s (as llama.cpp's Q8_1 does), the rest the 8-bit values.
                 double expected = 0, scale = 1;
-                for (size_t b = 0; b < K / 32; ++b) {
-                    const size_t block = static_cast<size_t>(t) * (K / 32) + b;
+                if (block == 256)  // the K-quants: Σ w · (d_x · q_x), the activations' sums being exact integers
+                    for (size_t i = 0; i < K; ++i)
+                        expected += double(row[i]) * double(xq.d[(static_cast<size_t>(t) * K + i) / 256]) *
+                                    double(xq.q[static_cast<size_t>(t) * K + i]);
+                for (size_t b = 0; block == 32 && b < K / 32; ++b) {
+                    const size_t at = static_cast<size_t>(t) * (K / 32) + b;
                     // Σ (w − m) · q_x over the block: (w − m) = d_w · q_w, with m at byte 2 of a Q4_1/Q5_1 block.
                     const std::byte* bytes = w.data + n * static_cast<size_t>(w.bytes() / w.rows()) +
                                              b * static_cast<size_t>(infer::dtype_block(w.dtype).bytes);
@@ -520,7 +526,7 @@ TEST_CASE("integer kernels: Q4_1, Q5_0 and Q5_1 products are the decoded weights
                     double d_w_q = 0;
                     for (size_t i = 0; i < 32; ++i)
                         d_w_q += (double(row[b * 32 + i]) - m_block) * double(xq.q[static_cast<size_t>(t) * K + b * 32 + i]);
-                    expected += d_w_q * xq.d[block] + (with_min ? m_block * xq.s[block] : 0.0);
+                    expected += d_w_q * xq.d[at] + (with_min ? m_block * xq.s[at] : 0.0);
                 }
                 for (size_t i = 0; i < K; ++i) scale = std::max(scale, std::fabs(double(row[i]) * double(x[static_cast<size_t>(t) * K + i])));
                 worst = std::max(worst, std::fabs(expected - out[static_cast<size_t>(t) * N + n]) / (scale * std::sqrt(double(K))));

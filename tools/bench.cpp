@@ -118,7 +118,7 @@ int run_engine_bench(const CommandLine& options) {
                 std::fflush(stdout);
                 if (options.has("--svg")) {
                     make_folder(options.text("--svg"));
-                    std::string tag = "b" + std::to_string(b) + "_i" + std::to_string(i) + "_o" + std::to_string(o);
+                    const std::string tag = infer::concat("b", b, "_i", i, "_o", o);
                     bench::write_svg_file(options.text("--svg") + "/step_timeline_" + tag + ".svg",
                                           bench::step_timeline_chart(run.steps, "engine steps, batch " + std::to_string(b) +
                                                                                     ", input " + std::to_string(i) + ", output " + std::to_string(o)));
