@@ -2168,7 +2168,15 @@ struct QuantizedRows {
     std::vector<int16_t> sums;   // [T, K / 16], Q8_K only: what the K-quants' minimums multiply
 };
 
-inline bool has_integer_kernel(DType dtype) { return is_quantized(dtype); }  // every block type
+// Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
+// path, matmul_rows_dequantized) until it gets an unpacking and a dot of its own here.
+inline bool has_integer_kernel(DType dtype) {
+    switch (dtype) {
+        case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
+        case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
+        default: return false;
+    }
+}
 inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
 inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
 inline void matmul_rows_integer(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end);
