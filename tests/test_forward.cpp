@@ -176,3 +176,126 @@ TEST_CASE("generation stops at EOS unless told to ignore it, and at max_tokens")
     CHECK(result.generated_ids.size() == 7);
     CHECK(result.generated_ids[0] == 432);
 }
+
+namespace {
+
+// One layer of the forward pass in double, written out: the reference for the attention kernel at long contexts.
+std::vector<double> reference_last_logits(const infer::Model& model, const std::vector<int>& ids) {
+    const infer::ModelConfig& c = model.config;
+    const int D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.head_dim, F = c.ffn_dim, V = c.vocab_size;
+    REQUIRE(c.n_layers == 1);
+    const infer::LayerWeights& w = model.layers[0];
+    const std::vector<double> frequencies = infer::detail::rope_inverse_frequencies(model);
+    auto norm = [&](const std::vector<double>& x, const infer::Tensor& gain) {
+        double squares = 0;
+        for (double v : x) squares += v * v;
+        const double scale = 1 / std::sqrt(squares / x.size() + c.norm_eps);
+        std::vector<double> out(x.size());
+        for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
+        return out;
+    };
+    auto times = [](const infer::Tensor& m, const std::vector<double>& x) {
+        std::vector<double> out(static_cast<size_t>(m.rows()));
+        for (int64_t n = 0; n < m.rows(); ++n)
+            for (int64_t k = 0; k < m.cols(); ++k) out[n] += m.at(n * m.cols() + k) * x[k];
+        return out;
+    };
+    auto rotate = [&](std::vector<double>& heads, int position) {
+        for (size_t head = 0; head < heads.size() / Dh; ++head)
+            for (int i = 0; i < Dh / 2; ++i) {
+                const int a = c.rope_style == infer::RopeStyle::HalfRotation ? i : 2 * i;
+                const int b = c.rope_style == infer::RopeStyle::HalfRotation ? i + Dh / 2 : 2 * i + 1;
+                double& x0 = heads[head * Dh + a];
+                double& x1 = heads[head * Dh + b];
+                const double angle = position * frequencies[i], r0 = x0, r1 = x1;
+                x0 = r0 * std::cos(angle) - r1 * std::sin(angle);
+                x1 = r0 * std::sin(angle) + r1 * std::cos(angle);
+            }
+    };
+    std::vector<std::vector<double>> keys, values;
+    std::vector<double> x, q;
+    for (size_t p = 0; p < ids.size(); ++p) {
+        x.assign(D, 0);
+        for (int i = 0; i < D; ++i) x[i] = model.embedding.at(int64_t{ids[p]} * D + i);
+        std::vector<double> xn = norm(x, w.attn_norm);
+        keys.push_back(times(w.wk, xn));
+        values.push_back(times(w.wv, xn));
+        rotate(keys.back(), static_cast<int>(p));
+        q = times(w.wq, xn);
+        rotate(q, static_cast<int>(p));
+    }
+    std::vector<double> attention(static_cast<size_t>(H) * Dh, 0.0);
+    for (int h = 0; h < H; ++h) {
+        const int kv = h / (H / Hkv);
+        std::vector<double> scores;
+        for (const std::vector<double>& key : keys) {
+            double dot = 0;
+            for (int i = 0; i < Dh; ++i) dot += q[h * Dh + i] * key[kv * Dh + i];
+            scores.push_back(dot / std::sqrt(double(Dh)));
+        }
+        const double best = *std::max_element(scores.begin(), scores.end());
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - best));
+        for (size_t p = 0; p < keys.size(); ++p)
+            for (int i = 0; i < Dh; ++i) attention[h * Dh + i] += scores[p] / total * values[p][kv * Dh + i];
+    }
+    std::vector<double> out = times(w.wo, attention);
+    for (int i = 0; i < D; ++i) x[i] += out[i];
+    std::vector<double> xn = norm(x, w.ffn_norm), gate = times(w.w_gate, xn), up = times(w.w_up, xn);
+    for (int i = 0; i < F; ++i) gate[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
+    out = times(w.w_down, gate);
+    for (int i = 0; i < D; ++i) x[i] += out[i];
+    std::vector<double> logits = times(model.lm_head, norm(x, model.final_norm));
+    REQUIRE(logits.size() == static_cast<size_t>(V));
+    return logits;
+}
+
+}  // namespace
+
+TEST_CASE("attention over a context of several chunks matches a double-precision reference, bit for bit on every kernel path") {
+    test::TempDir dir("long-context");
+    infer::save_random_model(dir.path(), {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64,
+                                          .vocab_size = 64, .context_length = 2048}, infer::DType::F32, 11);
+    infer::Model model = infer::load_model(dir.path());
+    std::vector<int> ids;
+    for (int i = 0; i < 1100; ++i) ids.push_back((i * 37 + i / 7) % 64);  // three chunks of 512 positions
+
+    const std::vector<double> reference = reference_last_logits(model, ids);
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    std::vector<float> first_path;
+    for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+        if (!infer::cpu_supports(path)) continue;
+        CAPTURE(infer::cpu_kernels_name(path));
+        infer::use_cpu_kernels(path);
+        // The prompt in one prefill with logits for its last token only, in a pool of 16-token blocks.
+        infer::ThreadPool pool(2);
+        infer::KVCache cache(model.config, 70, 16);
+        REQUIRE(cache.reserve(0, 1100));
+        infer::Batch batch;
+        for (int i = 0; i < 1100; ++i) batch.add(ids[i], i, 0, i == 1099);
+        infer::ForwardPass forward(model, pool);
+        std::span<const float> logits = forward.forward(batch, cache);
+        std::vector<float> whole(logits.begin(), logits.end());
+        double worst = 0;
+        for (int v = 0; v < model.config.vocab_size; ++v) worst = std::max(worst, std::fabs(whole[v] - reference[v]));
+        CHECK(worst < 1e-4);
+
+        // The same token as one decode step after a prefill of 1099, in blocks of 48 slots, beside another sequence.
+        infer::KVCache other_cache(model.config, 40, 48);
+        REQUIRE(other_cache.reserve(0, 1100));
+        REQUIRE(other_cache.reserve(1, 600));
+        batch.clear();
+        for (int i = 0; i < 1099; ++i) batch.add(ids[i], i, 0, false);
+        for (int i = 0; i < 600; ++i) batch.add(ids[(i * 5) % 1100], i, 1, false);
+        forward.forward(batch, other_cache);
+        batch.clear();
+        batch.add(ids[(600 * 5) % 1100], 600, 1, true);
+        batch.add(ids[1099], 1099, 0, true);
+        logits = forward.forward(batch, other_cache);
+        CHECK(std::vector<float>(logits.begin() + model.config.vocab_size, logits.end()) == whole);  // bitwise
+
+        if (first_path.empty()) first_path = whole;
+        CHECK(whole == first_path);  // every path gives the same bits
+    }
+    infer::use_cpu_kernels(chosen);
+}

@@ -38,9 +38,6 @@
 #include <tuple>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 namespace bench {
 
@@ -801,40 +798,84 @@ inline Chart throughput_chart(std::vector<SweepPoint> points) {
 // =====================================================================================================================
 
 // Peak FLOP/s: each thread runs independent chains of fused multiply-adds on registers, with no memory traffic, so
-// only the FMA units limit it. 8 chains of 8 lanes hide the FMA latency (4–5 cycles) on two FMA ports.
+// only the FMA units limit it: 12 chains hide the FMA latency (4–5 cycles) on two FMA ports. The vectors are those of
+// the kernels in use (infer::cpu_kernels(): 16 lanes for avx512, 8 for avx2), so the peak is the one they can reach.
+namespace detail {
+constexpr int peak_chains = 12;
+constexpr int64_t peak_inner = 1 << 16;
+
+// Each returns the multiply-adds it ran in `seconds`.
+inline double fma_portable(double seconds) {
+    float acc[peak_chains][8];
+    for (int c = 0; c < peak_chains; ++c)
+        for (int l = 0; l < 8; ++l) acc[c][l] = 1.0f + 1e-3f * (c * 8 + l);
+    infer::Stopwatch clock;
+    int64_t rounds = 0;
+    do {
+        for (int64_t i = 0; i < peak_inner; ++i)
+            for (auto& chain : acc)
+                for (float& v : chain) v = v * 0.999999f + 1e-6f;
+        ++rounds;
+    } while (clock.seconds() < seconds);
+    volatile float sink = acc[0][0];  // keeps the loop from being optimized away
+    (void)sink;
+    return 8.0 * peak_chains * peak_inner * static_cast<double>(rounds);
+}
+
+#ifdef INFER_X86_KERNELS
+[[gnu::target("avx2,fma")]] inline double fma_avx2(double seconds) {
+    __m256 r[peak_chains];
+    for (int c = 0; c < peak_chains; ++c) r[c] = _mm256_set1_ps(1.0f + 1e-3f * c);
+    const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-6f);
+    infer::Stopwatch clock;
+    int64_t rounds = 0;
+    do {
+        for (int64_t i = 0; i < peak_inner; ++i)
+            for (int c = 0; c < peak_chains; ++c) r[c] = _mm256_fmadd_ps(r[c], mul, add);
+        ++rounds;
+    } while (clock.seconds() < seconds);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, r[0]);
+    volatile float sink = lanes[0];
+    (void)sink;
+    return 8.0 * peak_chains * peak_inner * static_cast<double>(rounds);
+}
+
+[[gnu::target("avx512f,avx2,fma")]] inline double fma_avx512(double seconds) {
+    __m512 r[peak_chains];
+    for (int c = 0; c < peak_chains; ++c) r[c] = _mm512_set1_ps(1.0f + 1e-3f * c);
+    const __m512 mul = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-6f);
+    infer::Stopwatch clock;
+    int64_t rounds = 0;
+    do {
+        for (int64_t i = 0; i < peak_inner; ++i)
+            for (int c = 0; c < peak_chains; ++c) r[c] = _mm512_fmadd_ps(r[c], mul, add);
+        ++rounds;
+    } while (clock.seconds() < seconds);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, r[0]);
+    volatile float sink = lanes[0];
+    (void)sink;
+    return 16.0 * peak_chains * peak_inner * static_cast<double>(rounds);
+}
+#endif
+}  // namespace detail
+
 inline double peak_flops(infer::ThreadPool& pool, double seconds_per_thread = 0.2) {
     std::vector<double> rates(static_cast<size_t>(pool.size()), 0.0);
+    const infer::CpuKernels kernels = infer::cpu_kernels();
     pool.run(static_cast<size_t>(pool.size()), [&](size_t begin, size_t end, int thread) {
         if (begin == end) return;
-        constexpr int chains = 8, lanes = 8;
-        constexpr int64_t inner = 1 << 16;
-        float acc[chains][lanes];
-        for (int c = 0; c < chains; ++c)
-            for (int l = 0; l < lanes; ++l) acc[c][l] = 1.0f + 1e-3f * (c * lanes + l);
-        const float mul = 0.999999f, add = 1e-6f;
         infer::Stopwatch clock;
-        int64_t rounds = 0;
-        do {
-#if defined(__AVX2__) && defined(__FMA__)
-            __m256 r[chains];
-            for (int c = 0; c < chains; ++c) r[c] = _mm256_loadu_ps(acc[c]);
-            const __m256 m = _mm256_set1_ps(mul), a = _mm256_set1_ps(add);
-            for (int64_t i = 0; i < inner; ++i)
-                for (int c = 0; c < chains; ++c) r[c] = _mm256_fmadd_ps(r[c], m, a);
-            for (int c = 0; c < chains; ++c) _mm256_storeu_ps(acc[c], r[c]);
+        double multiply_adds = 0;
+#ifdef INFER_X86_KERNELS
+        if (kernels == infer::CpuKernels::Avx512) multiply_adds = detail::fma_avx512(seconds_per_thread);
+        else if (kernels == infer::CpuKernels::Avx2) multiply_adds = detail::fma_avx2(seconds_per_thread);
+        else multiply_adds = detail::fma_portable(seconds_per_thread);
 #else
-            for (int64_t i = 0; i < inner; ++i)
-                for (int c = 0; c < chains; ++c)
-                    for (int l = 0; l < lanes; ++l) acc[c][l] = acc[c][l] * mul + add;
+        multiply_adds = detail::fma_portable(seconds_per_thread);
 #endif
-            ++rounds;
-        } while (clock.seconds() < seconds_per_thread);
-        float sum = 0;
-        for (auto& chain : acc)
-            for (float v : chain) sum += v;
-        volatile float sink = sum;  // keeps the loop from being optimized away
-        (void)sink;
-        rates[static_cast<size_t>(thread)] = 2.0 * chains * lanes * inner * static_cast<double>(rounds) / clock.seconds();
+        rates[static_cast<size_t>(thread)] = 2.0 * multiply_adds / clock.seconds();
     });
     return std::accumulate(rates.begin(), rates.end(), 0.0);
 }
@@ -953,9 +994,11 @@ inline std::string bound_of(const Roofline& roof, const RooflinePoint& p) {
 inline void print_roofline(std::ostream& out, const Roofline& roof, const infer::Model& model) {
     char line[256];
     std::snprintf(line, sizeof line,
-                  "machine: %d threads, memory bandwidth %.2f GB/s (streaming read), peak %.1f GFLOP/s (FMA), ridge %.1f FLOP/byte\n"
+                  "machine: %d threads, %s kernels, memory bandwidth %.2f GB/s (streaming read), peak %.1f GFLOP/s (FMA), "
+                  "ridge %.1f FLOP/byte\n"
                   "model: %s, %.2f M parameters, %.2f MB of weights read per forward pass\n\n",
-                  roof.threads, roof.bandwidth / 1e9, roof.peak / 1e9, roof.ridge(), model.source.c_str(),
+                  roof.threads, infer::cpu_kernels_name(infer::cpu_kernels()), roof.bandwidth / 1e9, roof.peak / 1e9,
+                  roof.ridge(), model.source.c_str(),
                   model.parameter_count() / 1e6, model.weight_bytes_per_token() / 1e6);
     out << line;
     out << "| phase   | seqs | tokens |   ms/pass | FLOP/byte |  GFLOP/s |   GB/s | attainable GFLOP/s | of roof | bound   |\n"

@@ -86,7 +86,8 @@ const char* usage_text = R"(usage:
             (its tokenizer: --tokenizer FILE, default tokenizer.bin beside it)
   -m hf:ORG/NAME[:QUANT|/FILE]   a model on the Hugging Face hub, pulled first (infer pull --help); also
             llama.cpp's -hf ORG/NAME[:QUANT] and -hff FILE
-  -t N      threads for the matmuls (default: all cores)
+  -t N      threads for the matmuls (default: all cores). The CPU kernels are chosen from CPUID (avx512, avx2
+            or portable); INFER_KERNELS=NAME in the environment picks one by hand
   -c N      run the model at N positions at most: bounds prompt + output and the KV cache (default: the model's;
             generate, chat, logits, run-batch, serve)
   tokenize/detokenize/render-chat take a model (folder, .gguf, .bin) or just its tokenizer: a folder holding
@@ -271,14 +272,17 @@ int run_generate(const CommandLine& options) {
 
     const infer::LayerTimes& t = result.times;
     const size_t decode_steps = result.generated_ids.empty() ? 0 : result.generated_ids.size() - 1;
+    const std::string where_it_ran = device == infer::Device::Cuda
+                                         ? std::string("cuda")
+                                         : std::string("cpu, ") + infer::cpu_kernels_name(infer::cpu_kernels()) + " kernels";
     auto per_second = [](double count, double seconds) { return seconds > 0 ? count / seconds : 0.0; };
     std::fprintf(stderr,
                  "\nprompt: %zu tokens, generated: %zu tokens (finish: %s, seed %llu)\n"
-                 "prefill: %.1f tokens/s   decode: %.1f tokens/s\n"
+                 "prefill: %.1f tokens/s   decode: %.1f tokens/s   (%s)\n"
                  "time by layer (ms): load %.1f | tokenize %.2f | prefill %.1f | decode %.1f | sample %.2f | detokenize %.2f\n",
                  result.prompt_ids.size(), result.generated_ids.size(), infer::finish_reason_name(result.finish_reason),
                  static_cast<unsigned long long>(result.seed), per_second(static_cast<double>(result.prompt_ids.size()), t.prefill),
-                 per_second(static_cast<double>(decode_steps), t.decode), load_times.load * 1e3, t.tokenize * 1e3,
+                 per_second(static_cast<double>(decode_steps), t.decode), where_it_ran.c_str(), load_times.load * 1e3, t.tokenize * 1e3,
                  t.prefill * 1e3, t.decode * 1e3, t.sample * 1e3, t.detokenize * 1e3);
     if (spec.enabled()) {
         const infer::RequestResult& r = engine_result;
