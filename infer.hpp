@@ -116,6 +116,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -270,6 +271,30 @@ private:
 
 // `text` as a JSON string literal, quotes included (appendix A). Invalid UTF-8 is written as U+FFFD.
 inline void write_json_string(std::ostream& out, std::string_view text);
+
+// ---- Cache-line-aligned buffers -------------------------------------------------------------------------------------
+// A SIMD load that straddles two cache lines costs two: a matmul whose activation rows start 16 bytes past a line
+// boundary runs at half speed (chapter 07 measures it). Activations, scratch and the KV cache therefore start on
+// 64-byte boundaries.
+inline constexpr std::align_val_t cache_line{64};
+
+template <class T>
+struct CacheLineAllocator {
+    using value_type = T;
+    CacheLineAllocator() = default;
+    template <class U>
+    CacheLineAllocator(const CacheLineAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), cache_line)); }
+    void deallocate(T* p, size_t) { ::operator delete(p, cache_line); }
+    bool operator==(const CacheLineAllocator&) const = default;
+};
+template <class T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
+// For arrays that are left uninitialized (the KV cache): allocate with ::operator new[](bytes, cache_line).
+struct CacheLineDelete {
+    void operator()(float* p) const { ::operator delete[](p, cache_line); }
+};
 
 // ---- Thread pool ----------------------------------------------------------------------------------------------------
 // A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
@@ -2056,7 +2081,7 @@ private:
     }
 
     int layers_, block_size_, num_blocks_, token_width_;
-    std::unique_ptr<float[]> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
+    std::unique_ptr<float[], CacheLineDelete> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
     std::unique_ptr<BlockManager> blocks_;
 };
 
@@ -2172,76 +2197,76 @@ inline float finish_dot(const std::byte* row, const float* x, size_t K16, size_t
     return sum;
 }
 
-// out[c·N + r] = dot(row r, x + c·K) for r < R, c < C; row r starts r·row_bytes after `rows`. The portable kernel
-// and the definition the SIMD ones in appendix F reproduce: each weight is converted once and used for all C tokens.
-template <DType dtype, int R, int C>
-inline void tile_portable(const std::byte* rows, size_t row_bytes, const float* x, size_t K, float* out, size_t N) {
+// out[c·N + n] = dot(row n, x + c·K) for c < C and the `rows` rows that start at `weights`, row_bytes apart: each
+// weight row against C tokens, one row after the other. The portable kernel and the definition the SIMD ones in
+// appendix F reproduce: each weight is converted once and used for all C tokens.
+template <DType dtype, int C>
+inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t rows, const float* x, size_t K, float* out, size_t N) {
     const size_t K16 = K / 16 * 16;
-    float lanes[R][C][16] = {};
-    for (size_t k = 0; k < K16; k += 16)
-        for (int r = 0; r < R; ++r)
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        float lanes[C][16] = {};
+        for (size_t k = 0; k < K16; k += 16)
             for (int lane = 0; lane < 16; ++lane) {
-                const float w = weight_at<dtype>(rows + r * row_bytes, k + lane);
-                for (int c = 0; c < C; ++c) lanes[r][c][lane] = std::fma(w, x[c * K + k + lane], lanes[r][c][lane]);
+                const float w = weight_at<dtype>(row, k + lane);
+                for (int c = 0; c < C; ++c) lanes[c][lane] = std::fma(w, x[c * K + k + lane], lanes[c][lane]);
             }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c)
-            out[c * N + r] = finish_dot<dtype>(rows + r * row_bytes, x + c * K, K16, K, fold_lanes(lanes[r][c]));
+        for (int c = 0; c < C; ++c) out[c * N + n] = finish_dot<dtype>(row, x + c * K, K16, K, fold_lanes(lanes[c]));
+    }
 }
 
 #ifdef INFER_X86_KERNELS
 // (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
-template <DType dtype, int R, int C>
-[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* rows, size_t row_bytes, const float* x, size_t K, float* out,
-                                                 size_t N);
-template <DType dtype, int R, int C>
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* rows, size_t row_bytes,
-                                                                             const float* x, size_t K, float* out, size_t N);
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
+                                                 size_t K, float* out, size_t N);
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
+                                                                             size_t rows, const float* x, size_t K, float* out,
+                                                                             size_t N);
 #endif
 
-// The tile shape of each path: as many sums as its registers hold beside the weights being used. AVX-512 has 32
-// registers of 16 lanes (4 × 6 sums + 4 weights + 1 activation); AVX2 has 16 registers of 8 lanes, so a sum takes
-// two (2 × 3 sums × 2 halves + 2 weight halves + 1 activation).
+// Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
+// AVX2 sum takes two registers of eight lanes (16 registers: 6 sums for one row); an AVX-512 sum one of sixteen (32
+// registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in memory order: at decode
+// the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
+// streams measured up to 2× slower there).
 template <CpuKernels path>
-struct TileShape {
-    static constexpr int rows = path == CpuKernels::Avx512 ? 4 : 2;
-    static constexpr int tokens = path == CpuKernels::Avx512 ? 6 : 3;
-};
+constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 
-template <CpuKernels path, DType dtype, int R, int C>
-inline void tile(const std::byte* rows, size_t row_bytes, const float* x, size_t K, float* out, size_t N) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path == CpuKernels::Avx512) return tile_avx512<dtype, R, C>(rows, row_bytes, x, K, out, N);
-    if constexpr (path == CpuKernels::Avx2) return tile_avx2<dtype, R, C>(rows, row_bytes, x, K, out, N);
-#endif
-    tile_portable<dtype, R, C>(rows, row_bytes, x, K, out, N);
-}
-
-// C tokens against rows [row_begin, row_end) of a block: strips of R rows, then the rest one row at a time.
+// C tokens against the rows [row_begin, row_end) of a block, one row at a time.
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end) {
-    constexpr int R = TileShape<path>::rows;
-    size_t n = row_begin;
-    for (; n + R <= row_end; n += R) tile<path, dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
-    for (; n < row_end; ++n) tile<path, dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+    weights += row_begin * row_bytes;
+    out += row_begin;
+    const size_t rows = row_end - row_begin;
+#ifdef INFER_X86_KERNELS
+    // AVX-512 takes the full tiles, where the arithmetic is the limit. Fewer tokens are a decode batch, bound by the
+    // weights' bytes: one row at a time (one stream), in AVX2, whose two halves per sum give one row twice the
+    // independent FMA chains an AVX-512 register would (same bits either way).
+    if constexpr (path == CpuKernels::Avx512 && C == tile_tokens<path>)
+        return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+    if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+#endif
+    tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 }
 
 // Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ, one thread's share; w's rows are row_bytes apart.
 // The rows go in blocks of about 256 KB, which stay in L2 while every tile of C tokens passes over them; a tile's
-// activations (C × K floats) stay in L1 while the block's rows pass under them, R at a time. So each weight byte comes
-// from memory once per call, whatever T is (at decode, T = 1, the weights simply stream), and each weight loaded into
-// a register serves C tokens. Attention uses it too, with cached keys as the rows.
+// activations (C × K floats) stay in L1 while the block's rows pass under it. So each weight byte comes from memory
+// once per call, whatever T is (at decode, T = 1, the weights simply stream), and each weight loaded into a register
+// serves C tokens. Attention uses it too, with cached keys as the rows.
 template <CpuKernels path, DType dtype>
 inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_t N, const float* x, int T, float* out,
                      size_t row_begin, size_t row_end) {
-    constexpr size_t R = TileShape<path>::rows;
-    constexpr int C = TileShape<path>::tokens;
-    const size_t rows_per_block = std::max(R, (size_t{256} << 10) / row_bytes / R * R);
+    constexpr int C = tile_tokens<path>;
+    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
     for (size_t block = row_begin; block < row_end; block += rows_per_block) {
         const size_t block_end = std::min(row_end, block + rows_per_block);
         int t = 0;
         for (; t + C <= T; t += C) token_tile<path, dtype, C>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+        for (; t + 4 <= T; t += 4) token_tile<path, dtype, 4>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
         for (; t + 2 <= T; t += 2) token_tile<path, dtype, 2>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
         if (t < T) token_tile<path, dtype, 1>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
     }
@@ -2488,7 +2513,9 @@ public:
                 for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
             });
             detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
-            for (size_t i = 0; i < T * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];  // SwiGLU: a gated activation
+            pool_.run_sized(T, T * F * 8, [&](size_t begin, size_t end, int) {  // SwiGLU: a gated activation (an exp each)
+                for (size_t i = begin * F; i < end * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
+            });
             detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
         }
@@ -2679,11 +2706,11 @@ private:
     ThreadPool& pool_;
     std::vector<double> inverse_frequencies_;  // [Dh/2]
     size_t capacity_ = 0;                      // the largest T the buffers hold
-    std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_;  // shapes in resize()
+    AlignedVector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_;  // shapes in resize()
     std::vector<AttentionItem> attention_items_;  // this batch's attention work: (token, KV head, chunk)
     std::vector<size_t> merge_ranges_;            // [T · Hkv + 1] where each token and KV head's items begin
-    std::vector<float> partial_;                  // [items, group · (Dh + 2)] running max, sum and values per item
-    std::vector<float> scores_;                   // [threads, group · B] one KV block's scores per thread
+    AlignedVector<float> partial_;                // [items, group · (Dh + 2)] running max, sum and values per item
+    AlignedVector<float> scores_;                 // [threads, group · attention_span] one span's scores per thread
     std::vector<float> logits_;  // [rows, V] the returned logits
     std::vector<int> slot_block_, slot_offset_;  // [T] where each token's K/V go: block and slot
 };
@@ -3511,8 +3538,8 @@ inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_siz
     size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
     // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
     // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
-    keys_.reset(new float[floats]);
-    values_.reset(new float[floats]);
+    keys_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), cache_line)));
+    values_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), cache_line)));
     blocks_->blocks.resize(static_cast<size_t>(num_blocks_));
     for (int block = num_blocks_ - 1; block >= 0; --block) blocks_->free_blocks.push_back(block);
 }
@@ -7531,37 +7558,26 @@ template <DType dtype>
     return _mm_cvtss_f32(sum);
 }
 
-template <DType dtype, int R, int C>
-[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* rows, size_t row_bytes, const float* x, size_t K, float* out,
-                                                 size_t N) {
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
+                                                 size_t K, float* out, size_t N) {
     const size_t K16 = K / 16 * 16;
-    __m256 low[R][C], high[R][C];  // lanes 0–7 and 8–15 of each sum
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        __m256 low[C], high[C];  // lanes 0–7 and 8–15 of each sum
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) low[c] = high[c] = _mm256_setzero_ps();
+        for (size_t k = 0; k < K16; k += 16) {
+            const __m256 w_low = load8_avx2<dtype>(row, k), w_high = load8_avx2<dtype>(row, k + 8);
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) low[r][c] = high[r][c] = _mm256_setzero_ps();
-    for (size_t k = 0; k < K16; k += 16) {
-        __m256 w[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) w[r] = load8_avx2<dtype>(rows + r * row_bytes, k);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-            const __m256 xv = _mm256_loadu_ps(x + c * K + k);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) low[r][c] = _mm256_fmadd_ps(w[r], xv, low[r][c]);
+            for (int c = 0; c < C; ++c) {
+                low[c] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + c * K + k), low[c]);
+                high[c] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + c * K + k + 8), high[c]);
+            }
         }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) w[r] = load8_avx2<dtype>(rows + r * row_bytes, k + 8);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-            const __m256 xv = _mm256_loadu_ps(x + c * K + k + 8);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) high[r][c] = _mm256_fmadd_ps(w[r], xv, high[r][c]);
-        }
-    }
-    for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c)
-            out[c * N + r] = finish_dot<dtype>(rows + r * row_bytes, x + c * K, K16, K, horizontal_sum(_mm256_add_ps(low[r][c], high[r][c])));
+            out[c * N + n] = finish_dot<dtype>(row, x + c * K, K16, K, horizontal_sum(_mm256_add_ps(low[c], high[c])));
+    }
 }
 
 template <DType dtype>
@@ -7577,9 +7593,11 @@ template <DType dtype>
     }
 }
 
+// R rows (row_bytes apart) against C tokens: R·C sums in registers.
 template <DType dtype, int R, int C>
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* rows, size_t row_bytes,
-                                                                             const float* x, size_t K, float* out, size_t N) {
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void rows_avx512(const std::byte* row, size_t row_bytes,
+                                                                                    const float* x, size_t K, float* out,
+                                                                                    size_t N) {
     const size_t K16 = K / 16 * 16;
     __m512 sums[R][C];  // all sixteen lanes of each sum
 #pragma GCC unroll 8
@@ -7589,7 +7607,7 @@ template <DType dtype, int R, int C>
     for (size_t k = 0; k < K16; k += 16) {
         __m512 w[R];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(rows + r * row_bytes, k);
+        for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m512 xv = _mm512_loadu_ps(x + c * K + k);
@@ -7599,17 +7617,41 @@ template <DType dtype, int R, int C>
     }
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
-            alignas(64) float lanes[16];  // through memory: the register casts trip the same warning
+            alignas(64) float lanes[16];  // through memory: GCC 12 warns on the register casts (see load16_avx512)
             _mm512_store_ps(lanes, sums[r][c]);
             const __m256 half = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
-            out[c * N + r] = finish_dot<dtype>(rows + r * row_bytes, x + c * K, K16, K, horizontal_sum(half));
+            out[c * N + r] = finish_dot<dtype>(row + r * row_bytes, x + c * K, K16, K, horizontal_sum(half));
         }
 }
 
-// Eight elements of the sum at a time, held in a register across the rows.
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
+                                                                             size_t rows, const float* x, size_t K, float* out,
+                                                                             size_t N) {
+    constexpr int R = 3;  // 3 × 8 sums + 3 weights + 1 activation of the 32 registers: each activation load serves 3 rows
+    size_t n = 0;
+    for (; n + R <= rows; n += R) rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+    for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+}
+
+// Up to 64 elements of the sum at a time, in eight registers across the rows: eight independent FMA chains, and
+// each row read as one contiguous run.
 [[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const float* rows, size_t row_stride,
                                                                      const float* weights, int count, size_t n) {
     size_t d = 0;
+    for (; d + 64 <= n; d += 64) {
+        __m256 sums[8];
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) sums[s] = _mm256_loadu_ps(acc + d + 8 * s);
+        for (int j = 0; j < count; ++j) {
+            const __m256 weight = _mm256_set1_ps(weights[j]);
+            const float* row = rows + j * row_stride + d;
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) sums[s] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * s), sums[s]);
+        }
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) _mm256_storeu_ps(acc + d + 8 * s, sums[s]);
+    }
     for (; d + 8 <= n; d += 8) {
         __m256 sum = _mm256_loadu_ps(acc + d);
         for (int j = 0; j < count; ++j) sum = _mm256_fmadd_ps(_mm256_set1_ps(weights[j]), _mm256_loadu_ps(rows + j * row_stride + d), sum);
@@ -8007,7 +8049,7 @@ inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const floa
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t row_bytes = static_cast<size_t>(dtype_bytes(w.dtype, static_cast<int64_t>(K)));
     constexpr size_t rows_per_tile = 16;
-    thread_local std::vector<float> decoded;  // [16, K]: the tile's rows in f32, reused across calls
+    thread_local AlignedVector<float> decoded;  // [16, K]: the tile's rows in f32, reused across calls
     decoded.resize(rows_per_tile * K);
     for (size_t tile = row_begin; tile < row_end; tile += rows_per_tile) {
         const size_t tile_end = std::min(row_end, tile + rows_per_tile);

@@ -817,7 +817,10 @@ inline double fma_portable(double seconds) {
                 for (float& v : chain) v = v * 0.999999f + 1e-6f;
         ++rounds;
     } while (clock.seconds() < seconds);
-    volatile float sink = acc[0][0];  // keeps the loop from being optimized away
+    float sum = 0;
+    for (auto& chain : acc)
+        for (float v : chain) sum += v;
+    volatile float sink = sum;  // keeps every chain from being optimized away
     (void)sink;
     return 8.0 * peak_chains * peak_inner * static_cast<double>(rounds);
 }
@@ -834,6 +837,7 @@ inline double fma_portable(double seconds) {
             for (int c = 0; c < peak_chains; ++c) r[c] = _mm256_fmadd_ps(r[c], mul, add);
         ++rounds;
     } while (clock.seconds() < seconds);
+    for (int c = 1; c < peak_chains; ++c) r[0] = _mm256_add_ps(r[0], r[c]);  // every chain's result is used
     float lanes[8];
     _mm256_storeu_ps(lanes, r[0]);
     volatile float sink = lanes[0];
@@ -852,6 +856,7 @@ inline double fma_portable(double seconds) {
             for (int c = 0; c < peak_chains; ++c) r[c] = _mm512_fmadd_ps(r[c], mul, add);
         ++rounds;
     } while (clock.seconds() < seconds);
+    for (int c = 1; c < peak_chains; ++c) r[0] = _mm512_add_ps(r[0], r[c]);  // every chain's result is used
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, r[0]);
     volatile float sink = lanes[0];
