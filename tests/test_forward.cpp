@@ -65,6 +65,35 @@ TEST_CASE("the bf16 copy matches its reference, widened in registers, from safet
     check_fixture(folder, converted, 0.0125, false);
 }
 
+TEST_CASE("every kernel path the CPU runs gives the same logits, bit for bit, on every fixture") {
+    REQUIRE_SHARED_OR_SKIP();
+    std::vector<std::filesystem::path> models;
+    for (const char* family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"})
+        models.push_back(test::shared_dir() / "fixtures/arch" / family);
+    models.push_back(test::shared_dir() / "fixtures/arch/llama/model-bf16");
+    for (const char* type : {"Q8_0", "Q4_K_M"})
+        models.push_back(test::shared_dir() / "fixtures/quant" / type / ("model-" + std::string(type) + ".gguf"));
+    models.push_back(test::shared_dir() / "models/stories260K/stories260K.gguf");
+    const std::vector<int> ids = {1, 5, 70, 300, 42, 11, 7, 9, 100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    for (const std::filesystem::path& path : models) {
+        CAPTURE(path);
+        infer::Model model = infer::load_model(path);
+        std::vector<float> portable;
+        for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+            if (!infer::cpu_supports(kernels)) continue;
+            CAPTURE(infer::cpu_kernels_name(kernels));
+            infer::use_cpu_kernels(kernels);
+            std::vector<float> logits = prefill_logits(model, ids);
+            if (portable.empty()) portable = logits;
+            CHECK(logits == portable);
+        }
+    }
+    infer::use_cpu_kernels(chosen);
+    MESSAGE("kernel paths compared on this CPU: portable", infer::cpu_supports(infer::CpuKernels::Avx2) ? ", avx2" : "",
+            infer::cpu_supports(infer::CpuKernels::Avx512) ? ", avx512" : "");
+}
+
 TEST_CASE("stories260K: logits at 64 positions, prompt as one prefill then one-token decodes") {
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";
