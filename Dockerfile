@@ -9,7 +9,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends g++ meson ninja
         libcpp-httplib-dev nlohmann-json3-dev libssl-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# -Dnative=false: the image must run on any x86-64 host, not only on the one that built it.
+# -Dnative=false: the image must run on any x86-64 host, not only on the one that built it (the matmul and
+# attention kernels still pick AVX2 or AVX-512 at run time).
 RUN meson setup /build -Dcuda=disabled -Dnative=false && meson compile -C /build infer
 
 FROM debian:bookworm-slim
