@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Prefill and decode speed of infer next to llama.cpp's, on the same GGUF files, threads and lengths, in one run.
 
-    scripts/compare_llama_cpp.py --llama-bench PATH/llama-bench [--infer build/infer] [-t 2] [-p 128] [-n 64] \
-        [-r 3] MODEL.gguf [MODEL.gguf ...]
+    scripts/compare_llama_cpp.py --llama-bench PATH/llama-bench [--infer build/infer] [-t 2] [-p 128[,512...]] \
+        [-n 64] [-r 3] MODEL.gguf [MODEL.gguf ...]
 
-For each file it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P tokens, then
-generation of N tokens, each repeated R times) and `infer generate` on a prompt of P token ids with N tokens generated,
-greedy, end-of-sequence ignored, R times, keeping infer's best run as llama-bench keeps its mean. It prints one table:
-tokens/s of each engine and infer's ratio. Run it on an idle machine; both engines are measured in the same run, so
+For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
+tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
+prompt of P token ids with N tokens generated, greedy, end-of-sequence ignored, the weights read into memory before
+the clock starts (--no-mmap: no page faults inside the prefill, as llama-bench's warm-up ensures), R times, keeping
+infer's best run. It prints one table: tokens/s of each engine and infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run, so
 the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
 give the path of its llama-bench.
 """
@@ -38,18 +39,19 @@ def llama_bench(binary, model, threads, prompt, generate, repeats):
 def infer_generate(binary, model, threads, prompt, generate, repeats):
     ids = ",".join(str(3 + (i * 37) % 250) for i in range(prompt))  # valid in any vocabulary of 253 ids or more
     command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
-               "--temp", "0", "--ignore-eos"]
+               "--temp", "0", "--ignore-eos", "--no-mmap"]
     best_prefill = best_decode = 0.0
     for _ in range(repeats):
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"infer generate failed on {model} ({done.returncode}):\n{done.stderr[-2000:]}")
-        found = re.search(r"prefill: ([\d.]+) tokens/s\s+decode: ([\d.]+) tokens/s", done.stderr)
+        found = re.search(r"prefill: ([\d.]+) tokens/s\s+decode: ([\d.]+) tokens/s(?:\s+\((.*)\))?", done.stderr)
         if not found:
             sys.exit(f"infer generate printed no speed line for {model}:\n{done.stderr[-2000:]}")
         best_prefill = max(best_prefill, float(found.group(1)))
         best_decode = max(best_decode, float(found.group(2)))
-    return best_prefill, best_decode
+        where = found.group(3) or "cpu"
+    return best_prefill, best_decode, where
 
 
 def main():
@@ -58,21 +60,30 @@ def main():
     parser.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
     parser.add_argument("--infer", default="build/infer", help="path of the infer program (default: build/infer)")
     parser.add_argument("-t", "--threads", type=int, default=2)
-    parser.add_argument("-p", "--prompt", type=int, default=128, help="prompt tokens (llama-bench's pp)")
+    parser.add_argument("-p", "--prompt", default="128", help="prompt tokens (llama-bench's pp), a comma-separated list")
     parser.add_argument("-n", "--generate", type=int, default=64, help="generated tokens (llama-bench's tg)")
     parser.add_argument("-r", "--repeats", type=int, default=3)
     options = parser.parse_args()
 
-    print(f"{options.threads} threads, prompt {options.prompt} tokens, {options.generate} generated; tokens/s")
-    header = f"{'model':40} {'prefill llama.cpp':>18} {'infer':>9} {'ratio':>7} {'decode llama.cpp':>17} {'infer':>9} {'ratio':>7}"
+    try:
+        prompts = [int(p) for p in options.prompt.split(",")]
+    except ValueError:
+        sys.exit(f"-p: expected prompt lengths like 128,512, got {options.prompt!r}")
+    if any(p < 1 for p in prompts):
+        sys.exit(f"-p: prompt lengths must be positive, got {options.prompt!r}")
+
+    print(f"{options.threads} threads, {options.generate} generated; tokens/s")
+    header = (f"{'model':40} {'prompt':>6} {'prefill llama.cpp':>18} {'infer':>9} {'ratio':>7} "
+              f"{'decode llama.cpp':>17} {'infer':>9} {'ratio':>7}  infer ran on")
     print(header)
     print("-" * len(header))
     for model in options.models:
-        theirs = llama_bench(options.llama_bench, model, options.threads, options.prompt, options.generate, options.repeats)
-        ours = infer_generate(options.infer, model, options.threads, options.prompt, options.generate, options.repeats)
-        name = model if len(model) <= 40 else "..." + model[-37:]
-        print(f"{name:40} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
-              f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x", flush=True)
+        for prompt in prompts:
+            theirs = llama_bench(options.llama_bench, model, options.threads, prompt, options.generate, options.repeats)
+            ours = infer_generate(options.infer, model, options.threads, prompt, options.generate, options.repeats)
+            name = model if len(model) <= 40 else "..." + model[-37:]
+            print(f"{name:40} {prompt:6} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
+                  f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x  {ours[2]}", flush=True)
 
 
 if __name__ == "__main__":
