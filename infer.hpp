@@ -2501,9 +2501,9 @@ public:
             pool_.run_sized(attention_items_.size(), attention_work, [&](size_t begin, size_t end, int thread) {
                 for (size_t item = begin; item < end; ++item) attend(path, batch, cache, l, item, thread);
             });
-            if (attention_items_.size() > static_cast<size_t>(T) * Hkv)  // some token's context spans several chunks
-                pool_.run_sized(static_cast<size_t>(T) * Hkv, attention_items_.size() * H / Hkv * Dh, [&](size_t begin, size_t end, int) {
-                    for (size_t head_group = begin; head_group < end; ++head_group) merge_chunks(head_group);
+            if (attention_items_.size() + 1 > merge_ranges_.size())  // some token's context spans several chunks
+                pool_.run_sized(merge_ranges_.size() - 1, attention_items_.size() * H / Hkv * Dh, [&](size_t begin, size_t end, int) {
+                    for (size_t tile_head = begin; tile_head < end; ++tile_head) merge_chunks(tile_head);
                 });
             detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
             for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];  // residual: the block adds to the stream
@@ -2567,50 +2567,74 @@ private:
     }
 
     // ---- Attention, chunk by chunk ----
-    // Each token's query heads look at its sequence's cached keys and values. The work is cut into items: one token,
-    // one KV head with the H / Hkv query heads that share it (GQA: its keys and values are read once for all of
-    // them), and one chunk of attention_chunk positions, so a long context is spread over the threads too. An item
-    // walks its chunk one KV block at a time with an online softmax: the scores of the block (q·k / sqrt(Dh), by the
-    // matmul's tile kernel with the cached keys as rows), then the running maximum m, the running sum l of exp(s − m)
-    // and the running weighted sum of values, rescaled whenever m grows. Chunks of one token then merge in order. So
-    // memory holds one block of scores per thread, the K/V bytes are read once per step, and every result is computed
-    // the same way whatever the batch or the thread count: chunk edges are fixed positions. Cost per token and head:
-    // 2·Dh multiply-adds per visible position; at long contexts these bytes outweigh the weights' (chapter 07).
-    static constexpr int attention_chunk = 512;  // positions per item
-    static constexpr int attention_span = 16;    // positions per step of the online softmax
+    // Each token's query heads look at its sequence's cached keys and values. The work is cut into items: a tile of up
+    // to attention_queries consecutive tokens of one sequence (a prompt's; a decoding sequence has one), one KV head
+    // with the H / Hkv query heads that share it (GQA), and one chunk of attention_chunk positions, so a long context
+    // is spread over the threads too. An item walks its chunk in spans of attention_span positions with an online
+    // softmax per query head: the span's scores (q·k / sqrt(Dh), by the matmul's tile kernel, the cached keys as rows
+    // and the tile's query heads as its tokens: each key loaded serves all of them), then the running maximum m, the
+    // running sum l of exp(s − m) and the running weighted sum of values, rescaled whenever m grows. Each query takes
+    // only the positions it may see (causal, and Mistral's window). Chunks of one token then merge in order. Span and
+    // chunk edges are fixed positions and each score is the tile kernel's fixed sum, so every result is the same bits
+    // whatever the batch, the tiling, the cache's block size or the thread count. Cost per token and head: 2·Dh
+    // multiply-adds per visible position; at long contexts these bytes outweigh the weights' (chapter 07).
+    static constexpr int attention_chunk = 512;   // positions per item
+    static constexpr int attention_span = 16;     // positions per step of the online softmax
+    static constexpr int attention_queries = 8;   // tokens per query tile
 
+    struct QueryTile {
+        int first_token, tokens;  // batch tokens [first_token, first_token + tokens): one sequence, positions in a row
+    };
     struct AttentionItem {
-        int token, kv_head, first, end;  // positions [first, end) of one chunk
-        size_t partial;                  // where its running max, sum and values live in partial_
-        bool whole;                      // the token's only chunk: it writes the output itself
+        int tile, kv_head, first, end;  // positions [first, end) of one chunk that some query of the tile sees
+        size_t partial;                 // its per-query running max, sum and values in partial_
+        bool whole;                     // the tile's only chunk: it writes the outputs itself
     };
 
-    // Lists the items of this batch (the same for every layer) and sizes their buffers; returns the work in
-    // multiply-adds, for the thread pool's sizing.
+    int first_visible(int position) const {
+        const int window = model_.config.sliding_window;  // Mistral attends to the latest `window` positions only
+        return window > 0 ? std::max(0, position - window + 1) : 0;
+    }
+
+    // Lists the query tiles and items of this batch (the same for every layer) and sizes their buffers; returns the
+    // work in multiply-adds, for the thread pool's sizing. A tile grows while the next token continues its sequence
+    // and sees the same chunks, so every query of an item has the same chunks to merge.
     size_t plan_attention(const Batch& batch) {
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
+        query_tiles_.clear();
         attention_items_.clear();
         merge_ranges_.clear();
         size_t partial_floats = 0, work = 0;
-        for (size_t t = 0; t < batch.size(); ++t) {
-            const int position = batch.positions[t];
-            const int first = c.sliding_window > 0 ? std::max(0, position - c.sliding_window + 1) : 0;  // Mistral's window
-            const int chunks = position / attention_chunk - first / attention_chunk + 1;
+        for (size_t t = 0; t < batch.size();) {
+            const int first_chunk = first_visible(batch.positions[t]) / attention_chunk;
+            const int last_chunk = batch.positions[t] / attention_chunk;
+            size_t end = t + 1;
+            while (end < batch.size() && end - t < static_cast<size_t>(attention_queries) &&
+                   batch.sequences[end] == batch.sequences[t] && batch.positions[end] == batch.positions[end - 1] + 1 &&
+                   batch.positions[end] / attention_chunk == last_chunk &&
+                   first_visible(batch.positions[end]) / attention_chunk == first_chunk)
+                ++end;
+            const int tile = static_cast<int>(query_tiles_.size()), tokens = static_cast<int>(end - t);
+            query_tiles_.push_back({static_cast<int>(t), tokens});
+            const int seen_from = first_visible(batch.positions[t]), seen_to = batch.positions[end - 1] + 1;
             for (int h = 0; h < c.n_kv_heads; ++h) {
                 merge_ranges_.push_back(attention_items_.size());
-                for (int chunk = first / attention_chunk; chunk <= position / attention_chunk; ++chunk) {
-                    const int begin = std::max(first, chunk * attention_chunk), end = std::min(position + 1, (chunk + 1) * attention_chunk);
-                    attention_items_.push_back({static_cast<int>(t), h, begin, end, partial_floats, chunks == 1});
-                    partial_floats += group * (Dh + 2);
+                for (int chunk = first_chunk; chunk <= last_chunk; ++chunk) {
+                    const int from = std::max(seen_from, chunk * attention_chunk), to = std::min(seen_to, (chunk + 1) * attention_chunk);
+                    attention_items_.push_back({tile, h, from, to, partial_floats, first_chunk == last_chunk});
+                    partial_floats += static_cast<size_t>(tokens) * group * (Dh + 2);
                 }
             }
-            work += static_cast<size_t>(position + 1 - first) * c.n_heads * Dh * 2;
+            for (size_t u = t; u < end; ++u)
+                work += static_cast<size_t>(batch.positions[u] + 1 - first_visible(batch.positions[u])) * c.n_heads * Dh * 2;
+            t = end;
         }
         merge_ranges_.push_back(attention_items_.size());
         if (partial_.size() < partial_floats) partial_.resize(partial_floats);
-        const size_t scores = static_cast<size_t>(pool_.size()) * group * attention_span;
-        if (scores_.size() < scores) scores_.resize(scores);
+        const size_t rows = static_cast<size_t>(attention_queries) * group, threads = static_cast<size_t>(pool_.size());
+        if (scores_.size() < threads * rows * attention_span) scores_.resize(threads * rows * attention_span);
+        if (queries_.size() < threads * rows * Dh) queries_.resize(threads * rows * Dh);
         return work;
     }
 
@@ -2627,76 +2651,90 @@ private:
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
         const size_t q_width = static_cast<size_t>(c.n_heads) * Dh, kv_width = static_cast<size_t>(c.n_kv_heads) * Dh;
-        const std::vector<int>& table = cache.block_table(batch.sequences[item.token]);
+        const QueryTile& tile = query_tiles_[item.tile];
+        const size_t rows = static_cast<size_t>(tile.tokens) * group;  // query row r: token r / group, head r % group
+        const std::vector<int>& table = cache.block_table(batch.sequences[tile.first_token]);
         const int B = cache.block_size();
-        const float* q = &q_[item.token * q_width + item.kv_head * group * Dh];  // the group's query heads, one after another
-        float* scores = &scores_[static_cast<size_t>(thread) * group * attention_span];  // [group, positions of one span]
-        float* running_max = &partial_[item.partial];                             // [group]
-        float* running_sum = running_max + group;                                 // [group]
-        float* values = running_sum + group;                                      // [group, Dh]
-        std::fill(running_max, running_max + group, -std::numeric_limits<float>::infinity());
-        std::fill(running_sum, running_sum + group, 0.0f);
-        std::fill(values, values + group * Dh, 0.0f);
+        // The tile's query heads side by side, [rows, Dh], as the tile kernel takes its tokens.
+        float* queries = &queries_[static_cast<size_t>(thread) * attention_queries * group * Dh];
+        for (int j = 0; j < tile.tokens; ++j)
+            std::memcpy(&queries[j * group * Dh], &q_[(tile.first_token + j) * q_width + item.kv_head * group * Dh], group * Dh * sizeof(float));
+        float* scores = &scores_[static_cast<size_t>(thread) * attention_queries * group * attention_span];  // [rows, span]
+        float* partial = &partial_[item.partial];  // per row: running max, running sum, values [Dh]
+        for (size_t r = 0; r < rows; ++r) {
+            partial[r * (Dh + 2)] = -std::numeric_limits<float>::infinity();
+            std::fill(&partial[r * (Dh + 2) + 1], &partial[(r + 1) * (Dh + 2)], 0.0f);
+        }
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
 
-        // Spans of attention_span positions at fixed offsets (not the cache's blocks, whose size is the pool's choice),
-        // each read as the runs of slots its KV blocks hold.
+        // Spans at fixed offsets (not the cache's blocks, whose size is the pool's choice), each read as the runs of
+        // slots its KV blocks hold.
         for (int span = item.first; span < item.end;) {
             const int count = std::min(item.end, (span / attention_span + 1) * attention_span) - span;
             for (int p = span; p < span + count;) {  // the span's keys, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(span + count - p, B - slot);
                 const float* keys = cache.key(layer, table[p / B], slot) + item.kv_head * Dh;
                 detail::dot_rows<path, DType::F32>(reinterpret_cast<const std::byte*>(keys), kv_width * sizeof(float), Dh,
-                                                   static_cast<size_t>(count), q, static_cast<int>(group), scores + (p - span),
+                                                   static_cast<size_t>(count), queries, static_cast<int>(rows), scores + (p - span),
                                                    0, static_cast<size_t>(run));
                 p += run;
             }
-            for (size_t i = 0; i < group; ++i) {
-                float* s = scores + i * count;
+            for (size_t r = 0; r < rows; ++r) {
+                const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
+                const int from = std::max(span, first_visible(position)) - span, to = std::min(span + count, position + 1) - span;
+                if (from >= to) continue;  // nothing this query may see in the span
+                float* s = scores + r * count;
+                float& running_max = partial[r * (Dh + 2)];
+                float& running_sum = partial[r * (Dh + 2) + 1];
+                float* values = &partial[r * (Dh + 2) + 2];
                 float span_max = -std::numeric_limits<float>::infinity();
-                for (int j = 0; j < count; ++j) span_max = std::max(span_max, s[j] *= scale);
-                const float new_max = std::max(running_max[i], span_max);
-                const float rescale = std::exp(running_max[i] - new_max);  // 0 on the first span, 1 if m did not grow
+                for (int j = from; j < to; ++j) span_max = std::max(span_max, s[j] *= scale);
+                const float new_max = std::max(running_max, span_max);
+                const float rescale = std::exp(running_max - new_max);  // 0 on the first span, 1 if m did not grow
                 if (rescale != 1.0f) {
-                    running_sum[i] *= rescale;
-                    for (size_t d = 0; d < Dh; ++d) values[i * Dh + d] *= rescale;
+                    running_sum *= rescale;
+                    for (size_t d = 0; d < Dh; ++d) values[d] *= rescale;
                 }
-                for (int j = 0; j < count; ++j) running_sum[i] += s[j] = std::exp(s[j] - new_max);
-                running_max[i] = new_max;
-                for (int p = span; p < span + count;) {
-                    const int slot = p % B, run = std::min(span + count - p, B - slot);
-                    detail::add_weighted_rows<path>(&values[i * Dh], cache.value(layer, table[p / B], slot) + item.kv_head * Dh,
-                                                    kv_width, s + (p - span), run, Dh);
+                for (int j = from; j < to; ++j) running_sum += s[j] = std::exp(s[j] - new_max);
+                running_max = new_max;
+                for (int p = span + from; p < span + to;) {
+                    const int slot = p % B, run = std::min(span + to - p, B - slot);
+                    detail::add_weighted_rows<path>(values, cache.value(layer, table[p / B], slot) + item.kv_head * Dh, kv_width,
+                                                    s + (p - span), run, Dh);
                     p += run;
                 }
             }
             span += count;
         }
         if (item.whole)
-            for (size_t i = 0; i < group; ++i) {
-                float* out = &attn_[item.token * q_width + (item.kv_head * group + i) * Dh];
-                for (size_t d = 0; d < Dh; ++d) out[d] = values[i * Dh + d] / running_sum[i];
+            for (size_t r = 0; r < rows; ++r) {
+                float* out = &attn_[(tile.first_token + r / group) * q_width + (item.kv_head * group + r % group) * Dh];
+                const float* values = &partial[r * (Dh + 2) + 2];
+                for (size_t d = 0; d < Dh; ++d) out[d] = values[d] / partial[r * (Dh + 2) + 1];
             }
     }
 
-    // The chunks of one token and KV head, in order: each one's values and sum weighed by exp(its max − the max).
-    void merge_chunks(size_t head_group) {
-        const size_t first = merge_ranges_[head_group], end = merge_ranges_[head_group + 1];
+    // The chunks of one query tile and KV head, in order, per query row: each chunk's values and sum weighed by
+    // exp(its max − the max).
+    void merge_chunks(size_t tile_head) {
+        const size_t first = merge_ranges_[tile_head], end = merge_ranges_[tile_head + 1];
         const AttentionItem& lead = attention_items_[first];
         if (lead.whole) return;  // written by its only item
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
         const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
-        for (size_t i = 0; i < group; ++i) {
+        const QueryTile& tile = query_tiles_[lead.tile];
+        for (size_t r = 0; r < static_cast<size_t>(tile.tokens) * group; ++r) {
             float best = -std::numeric_limits<float>::infinity(), total = 0.0f;
-            for (size_t item = first; item < end; ++item) best = std::max(best, partial_[attention_items_[item].partial + i]);
-            float* out = &attn_[lead.token * q_width + (lead.kv_head * group + i) * Dh];
+            for (size_t item = first; item < end; ++item) best = std::max(best, partial_[attention_items_[item].partial + r * (Dh + 2)]);
+            float* out = &attn_[(tile.first_token + r / group) * q_width + (lead.kv_head * group + r % group) * Dh];
             std::fill(out, out + Dh, 0.0f);
             for (size_t item = first; item < end; ++item) {
-                const float* partial = &partial_[attention_items_[item].partial];
-                const float weight = std::exp(partial[i] - best);
-                total += partial[group + i] * weight;
-                for (size_t d = 0; d < Dh; ++d) out[d] += partial[2 * group + i * Dh + d] * weight;
+                const float* partial = &partial_[attention_items_[item].partial + r * (Dh + 2)];
+                if (partial[1] == 0.0f) continue;  // a chunk this query sees none of (its window starts later)
+                const float weight = std::exp(partial[0] - best);
+                total += partial[1] * weight;
+                for (size_t d = 0; d < Dh; ++d) out[d] += partial[2 + d] * weight;
             }
             for (size_t d = 0; d < Dh; ++d) out[d] /= total;
         }
@@ -2707,10 +2745,12 @@ private:
     std::vector<double> inverse_frequencies_;  // [Dh/2]
     size_t capacity_ = 0;                      // the largest T the buffers hold
     AlignedVector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, rope_cos_, rope_sin_;  // shapes in resize()
-    std::vector<AttentionItem> attention_items_;  // this batch's attention work: (token, KV head, chunk)
-    std::vector<size_t> merge_ranges_;            // [T · Hkv + 1] where each token and KV head's items begin
-    AlignedVector<float> partial_;                // [items, group · (Dh + 2)] running max, sum and values per item
-    AlignedVector<float> scores_;                 // [threads, group · attention_span] one span's scores per thread
+    std::vector<QueryTile> query_tiles_;          // this batch's tokens, in tiles of one sequence's consecutive ones
+    std::vector<AttentionItem> attention_items_;  // this batch's attention work: (query tile, KV head, chunk)
+    std::vector<size_t> merge_ranges_;            // [tiles · Hkv + 1] where each tile and KV head's items begin
+    AlignedVector<float> partial_;                // [items, queries · group, Dh + 2] running max, sum and values
+    AlignedVector<float> scores_;                 // [threads, queries · group, attention_span] one span's scores
+    AlignedVector<float> queries_;                // [threads, queries · group, Dh] one tile's query heads
     std::vector<float> logits_;  // [rows, V] the returned logits
     std::vector<int> slot_block_, slot_offset_;  // [T] where each token's K/V go: block and slot
 };
