@@ -2234,7 +2234,7 @@ template <DType dtype, int C>
 template <CpuKernels path>
 constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 
-// C tokens against the rows [row_begin, row_end) of a block, one row at a time.
+// C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C.
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end) {
@@ -2598,7 +2598,7 @@ private:
 
     // Lists the query tiles and items of this batch (the same for every layer) and sizes their buffers; returns the
     // work in multiply-adds, for the thread pool's sizing. A tile grows while the next token continues its sequence
-    // and sees the same chunks, so every query of an item has the same chunks to merge.
+    // and sees the same chunks, so every query of an item sees some positions of each of the tile's chunks.
     size_t plan_attention(const Batch& batch) {
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
@@ -2731,7 +2731,6 @@ private:
             std::fill(out, out + Dh, 0.0f);
             for (size_t item = first; item < end; ++item) {
                 const float* partial = &partial_[attention_items_[item].partial + r * (Dh + 2)];
-                if (partial[1] == 0.0f) continue;  // a chunk this query sees none of (its window starts later)
                 const float weight = std::exp(partial[0] - best);
                 total += partial[1] * weight;
                 for (size_t d = 0; d < Dh; ++d) out[d] += partial[2 + d] * weight;
