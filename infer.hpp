@@ -4878,6 +4878,7 @@ std::vector<float> rope(const std::vector<float>& x, int heads, int Dh, const Te
 std::vector<float> write_kv(const std::vector<float>& k, const std::vector<float>& v, const std::vector<int>& slots,
                             int width, int pool_slots);
 std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, const Tensor* bias, MatmulKernel kernel);
+std::vector<float> dequantize(const Tensor& w);  // a Q8_0 or Q4_K matrix decoded on the device: [rows, cols]
 // q [T, H, Dh] over the keys and values `cache` holds (host) for `layer`: [T, H, Dh]
 std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, int layer, const Batch& batch,
                              const ModelConfig& config, bool prefill_kernel);

@@ -14,7 +14,9 @@
 //   3. add_bias              out[T, N] += bias[N]  (qwen2 only)            AI 0.1    memory (tiny)
 //   4. rope                  per-head norm (qwen3), then rotate q and k    AI ~1     memory (tiny)
 //   5. write_kv              k, v → pool slots through the slot mapping    AI 0      memory (tiny)
-//   6. matvec                out[T≤8, N] = x · Wᵀ, bf16 weights, f32 x    AI ≈ T    memory: THE decode kernel
+//   6. matvec                out[T≤8, N] = x · Wᵀ, f32 x; weights f32, bf16, AI ≈ T    memory: THE decode kernel
+//                            or GGUF Q8_0 / Q4_K blocks decoded in registers
+//      dequantize_rows       Q8_0 / Q4_K blocks → f32 rows, for the cuBLAS product of a prefill
 //   7. gemm_tiled_wmma       out[T, N] = x · Wᵀ on tensor cores (teaching) AI ≈ T/2 compute once T ≳ 300
 //      (cuBLAS GemmEx is the fast path for the same product; an option picks one)
 //   8. attention_decode      flash-decoding: splits over KV blocks         AI ≈ G/2 memory (reads the K/V once)
@@ -24,7 +26,8 @@
 //  11. (final norm = add_rms_norm on the rows that want logits; logits = matvec/GEMM with lm_head)
 //
 // Numerics: the residual stream, K/V cache, norms, softmax and accumulators are f32 like the CPU path (the norms' sums
-// in double, as infer.hpp does), weights stay in their stored dtype (bf16 or f32; f16 is widened to f32 at upload).
+// in double, as infer.hpp does), weights stay in their stored type (f32, bf16, or GGUF's Q8_0 and Q4_K blocks; f16 and
+// the other block types are widened to f32 at upload, exactly).
 // The matrix-vector kernel keeps activations in f32 and so matches the CPU to ~1e-6; the tensor-core paths round the
 // activations to bf16 (what every bf16 engine does), which costs ~1e-2 on the logits.
 //
@@ -141,9 +144,34 @@ std::vector<T> download(const T* device, size_t count) {
     return host;
 }
 
-// Widening one stored weight to f32 (bf16 is a 16-bit shift, as on the CPU).
-__device__ __forceinline__ float widen(float w) { return w; }
-__device__ __forceinline__ float widen(__nv_bfloat16 w) { return __bfloat162float(w); }
+// How a matrix's weights sit in device memory. F32 and BF16 hold one value per element; Q8_0 and Q4_K are GGUF's
+// blocks, uploaded as the file stores them and decoded in registers, so a decode step streams 1.06 or 0.56 bytes per
+// weight instead of 4 (every other stored type is widened to f32 once, at upload: exact, but 4 bytes a weight).
+enum class WeightFormat { F32, BF16, Q8_0, Q4_K };
+
+__host__ __device__ constexpr bool is_block(WeightFormat f) { return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K; }
+
+// Bytes of one row of K weights: K/32 Q8_0 blocks of 34 bytes, K/256 Q4_K blocks of 144 (infer.hpp's dtype_block).
+size_t row_bytes_of(WeightFormat f, int K) {
+    switch (f) {
+        case WeightFormat::F32: return static_cast<size_t>(K) * 4;
+        case WeightFormat::BF16: return static_cast<size_t>(K) * 2;
+        case WeightFormat::Q8_0: return static_cast<size_t>(K) / 32 * 34;
+        case WeightFormat::Q4_K: return static_cast<size_t>(K) / 256 * 144;
+    }
+    return 0;
+}
+
+// Calls launch(std::integral_constant<WeightFormat, f>{}): one kernel instantiation per format, picked at run time.
+template <class Launch>
+void for_format(WeightFormat f, Launch&& launch) {
+    switch (f) {
+        case WeightFormat::F32: launch(std::integral_constant<WeightFormat, WeightFormat::F32>{}); break;
+        case WeightFormat::BF16: launch(std::integral_constant<WeightFormat, WeightFormat::BF16>{}); break;
+        case WeightFormat::Q8_0: launch(std::integral_constant<WeightFormat, WeightFormat::Q8_0>{}); break;
+        case WeightFormat::Q4_K: launch(std::integral_constant<WeightFormat, WeightFormat::Q4_K>{}); break;
+    }
+}
 
 // Eight consecutive weights with 16-byte loads: one uint4 of bf16, or two float4 of f32. `p` is 16-byte aligned
 // (rows of K % 8 == 0 elements in a cudaMalloc'd buffer, checked on the host).
@@ -159,6 +187,81 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
 __device__ __forceinline__ void load8(const float* p, float out[8]) {
     float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ float f16_at(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+// The 6-bit scale and minimum of sub-block j of a Q4_K block from its 12 packed bytes s.  CPU twin: detail::k_scale_min.
+__device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Eight weights of one row, widened to f32: piece p of the row's K / 8, whatever the format. They are the row's columns
+// [first, first + 4) and [second, second + 4), so every kernel reads weights the same way:
+//   F32, BF16: eight consecutive columns, one 16-byte load (second = first + 4);
+//   Q8_0 (34 bytes: f16 d, int8 q[32]): a block is four pieces; w = d·q;        CPU twin: detail::dequantize_q8_0
+//   Q4_K (144 bytes: f16 d, f16 dmin, 12 scale bytes, qs[128]): a super-block is 32 pieces; piece i of it takes the
+//        four bytes qs[32g + o … + 3] (g = i / 8, o = 4·(i % 8)): their low nibbles are sub-block 2g, columns 64g + o…,
+//        their high nibbles sub-block 2g + 1, columns 64g + 32 + o…; w = (d·sc)·q − (dmin·m). CPU twin:
+//        detail::dequantize_q45_k. (Measured on an H200: reading the block's head as four words instead of its
+//        bytes, or 32-weight pieces, made decode slower, not faster.)
+// Each product in a dequantization is exact in f32 (an f16 significand times a small integer), so with or without a
+// fused multiply-add the values are the CPU dequantizer's, bit for bit (the tests check it).
+template <WeightFormat F>
+__device__ __forceinline__ void load_piece(const uint8_t* row, int p, float w[8], int& first, int& second) {
+    if constexpr (F == WeightFormat::F32 || F == WeightFormat::BF16) {
+        using Stored = std::conditional_t<F == WeightFormat::F32, float, __nv_bfloat16>;
+        load8(reinterpret_cast<const Stored*>(row) + static_cast<size_t>(p) * 8, w);
+        first = 8 * p;
+        second = first + 4;
+    } else if constexpr (F == WeightFormat::Q8_0) {
+        const uint8_t* block = row + static_cast<size_t>(p / 4) * 34;
+        const float d = f16_at(block);
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(block + 2 + 8 * (p % 4));  // blocks are 2-byte aligned
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t pair = q[i];
+            w[2 * i] = d * static_cast<float>(static_cast<int8_t>(pair & 0xFF));
+            w[2 * i + 1] = d * static_cast<float>(static_cast<int8_t>(pair >> 8));
+        }
+        first = 32 * (p / 4) + 8 * (p % 4);
+        second = first + 4;
+    } else {
+        const uint8_t* block = row + static_cast<size_t>(p / 32) * 144;  // 144 = 9 × 16: blocks are 16-byte aligned
+        const int i = p % 32, g = i / 8, o = 4 * (i % 8);
+        const float d = f16_at(block), dmin = f16_at(block + 2);
+        int sc_low, m_low, sc_high, m_high;
+        k_scale_min(block + 4, 2 * g, sc_low, m_low);
+        k_scale_min(block + 4, 2 * g + 1, sc_high, m_high);
+        const float scale_low = d * static_cast<float>(sc_low), min_low = dmin * static_cast<float>(m_low);
+        const float scale_high = d * static_cast<float>(sc_high), min_high = dmin * static_cast<float>(m_high);
+        const uint32_t qs = *reinterpret_cast<const uint32_t*>(block + 16 + 32 * g + o);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            w[b] = scale_low * static_cast<float>((qs >> (8 * b)) & 0x0F) - min_low;
+            w[4 + b] = scale_high * static_cast<float>((qs >> (8 * b + 4)) & 0x0F) - min_high;
+        }
+        first = 256 * (p / 32) + 64 * g + o;
+        second = first + 32;
+    }
+}
+
+// One weight, for rows whose length is not a multiple of 8 (f32 and bf16 only: block rows are whole blocks).
+template <WeightFormat F>
+__device__ __forceinline__ float weight_at(const uint8_t* row, int k) {
+    if constexpr (F == WeightFormat::BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
+    else return reinterpret_cast<const float*>(row)[k];
+}
+
+__device__ __forceinline__ void load4(const float* p, float out[4]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -177,12 +280,24 @@ __device__ __forceinline__ double warp_sum(double v) {
 // =====================================================================================================================
 
 // 1. Embedding gather.  CPU twin: Tensor::read_row in ForwardPass::forward.
-//    One block per token, threads stride over D. Moves 2-4 bytes in and 4 out per element, no arithmetic: AI 0.
-template <class W>
-__global__ void embedding_gather(const W* __restrict__ table, const int* __restrict__ ids, int D, float* __restrict__ x) {
+//    One block per token, threads stride over the row's pieces (load_piece: block formats are decoded here too).
+//    Moves 0.5-4 bytes in and 4 out per element, no arithmetic: AI 0.
+template <WeightFormat F>
+__global__ void embedding_gather(const uint8_t* __restrict__ table, size_t row_bytes, const int* __restrict__ ids, int D,
+                                 float* __restrict__ x) {
     const int t = blockIdx.x;
-    const W* row = table + static_cast<size_t>(ids[t]) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) x[static_cast<size_t>(t) * D + i] = widen(row[i]);
+    const uint8_t* row = table + static_cast<size_t>(ids[t]) * row_bytes;
+    float* out = x + static_cast<size_t>(t) * D;
+    if (D % 8 == 0) {
+        for (int p = threadIdx.x; p < D / 8; p += blockDim.x) {
+            float w[8];
+            int first, second;
+            load_piece<F>(row, p, w, first, second);
+            for (int i = 0; i < 4; ++i) out[first + i] = w[i], out[second + i] = w[4 + i];
+        }
+    } else if constexpr (!is_block(F)) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) out[i] = weight_at<F>(row, i);
+    }
 }
 
 // 2. Residual add fused with RMSNorm.  CPU twin: detail::rms_norm, after `x_[i] += xn_[i]` in ForwardPass::forward.
@@ -257,8 +372,9 @@ __global__ void rope(float* __restrict__ x, size_t ld, int q_heads, int Dh, cons
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int a = adjacent_pairs ? 2 * i : i, b = adjacent_pairs ? 2 * i + 1 : i + half;
         const float x0 = head[a], x1 = head[b];
-        p[a] = x0 * c[i] - x1 * s[i];
-        p[b] = x0 * s[i] + x1 * c[i];
+        // Rounded products, then a rounded sum, as the CPU computes them (a fused multiply-add would round once).
+        p[a] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, s[i]));
+        p[b] = __fadd_rn(__fmul_rn(x0, s[i]), __fmul_rn(x1, c[i]));
     }
     if (Dh % 2 == 1 && threadIdx.x == 0) p[Dh - 1] = head[Dh - 1];  // an odd last element is not rotated
 }
@@ -278,16 +394,22 @@ __global__ void write_kv(const float* __restrict__ k, const float* __restrict__ 
 }
 
 // 6. Matrix-vector products for decode: out[T, N] = x[T, K] · W[N, K]ᵀ (+ bias), T ≤ ROWS ≤ 8.
-//    CPU twin: detail::matmul (dot_row). Every weight byte is read once for T multiply-adds: bf16 weights give
-//    AI = 2T flops / 2 bytes = T, far below the ridge (~250): decode is bound by how fast the weights stream in.
+//    CPU twin: detail::matmul (dot_row) for f32 and bf16 weights; for Q8_0 and Q4_K blocks, the CPU's dequantizer
+//    (appendix H) followed by the same f32 sum. (The CPU's own quantized path quantizes the activations to 8 bits first,
+//    as llama.cpp does; here they stay f32, so these logits are those of the dequantized weights, the fixtures'
+//    logits_deqf32.) Every weight byte is read once for T multiply-adds: bf16 weights give AI = 2T flops / 2 bytes = T,
+//    Q4_K 2T / 0.5625 ≈ 3.6 T, far below the ridge (~250): decode is bound by how fast the weights stream in, so
+//    fewer bytes a weight is a faster step.
 //    Mapping: a row of W is owned by `warps` warps (1, or 4 = split-K when N is small, so the card has enough warps in
-//    flight: a 1B model's 2048-row output projections would otherwise give 132 SMs 15 warps each). Each lane reads 8 weights with one 16-byte
-//    load, UNROLL loads are issued before they are used (independent loads in flight hide the ~600 ns latency), the
-//    partial sums are reduced by shuffles, then across the row's warps through shared memory in a fixed order.
+//    flight: a 1B model's 2048-row output projections would otherwise give 132 SMs 15 warps each). Each lane reads a
+//    piece of 8 weights (load_piece: one 16-byte load of f32/bf16, or a few words of blocks decoded in registers), UNROLL
+//    loads are issued before they are used (independent loads in flight hide the ~600 ns latency), the partial sums are
+//    reduced by shuffles, then across the row's warps through shared memory in a fixed order.
 //    Each output's sum is built the same way whatever T is, so a sequence's logits do not depend on its batch-mates.
-template <class W, int ROWS>
-__global__ void __launch_bounds__(128) matvec(const W* __restrict__ w, const float* __restrict__ x, int T, int N, int K,
-                                              int warps_per_row, const float* __restrict__ bias, float* __restrict__ out) {
+template <WeightFormat F, int ROWS>
+__global__ void __launch_bounds__(128) matvec(const uint8_t* __restrict__ w, size_t row_bytes, const float* __restrict__ x,
+                                              int T, int N, int K, int warps_per_row, const float* __restrict__ bias,
+                                              float* __restrict__ out) {
     constexpr int UNROLL = 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = 4 / warps_per_row;
@@ -296,41 +418,40 @@ __global__ void __launch_bounds__(128) matvec(const W* __restrict__ w, const flo
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0;
+    // x[r] · the 8 weights of a piece: the same 8 products in the same order for every format and every T.
+    auto add_piece = [&](const float wv[8], int first, int second) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r >= T) break;
+            float xv[8];
+            load4(x + static_cast<size_t>(r) * K + first, xv);
+            load4(x + static_cast<size_t>(r) * K + second, xv + 4);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r] += wv[e] * xv[e];
+        }
+    };
     if (n < N) {
-        const W* row = w + static_cast<size_t>(n) * K;
+        const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
         if (K % 8 == 0) {
-            const int chunks = K / 8, stride = 32 * warps_per_row;  // chunk c covers columns [8c, 8c + 8)
+            const int pieces = K / 8, stride = 32 * warps_per_row;
             int c = part * 32 + lane;
-            for (; c + (UNROLL - 1) * stride < chunks; c += UNROLL * stride) {
+            for (; c + (UNROLL - 1) * stride < pieces; c += UNROLL * stride) {
                 float wv[UNROLL][8];
+                int first[UNROLL], second[UNROLL];
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) load8(row + static_cast<size_t>(c + u * stride) * 8, wv[u]);
+                for (int u = 0; u < UNROLL; ++u) load_piece<F>(row, c + u * stride, wv[u], first[u], second[u]);
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-                    for (int r = 0; r < ROWS; ++r) {
-                        if (r >= T) break;
-                        float xv[8];
-                        load8(x + static_cast<size_t>(r) * K + static_cast<size_t>(c + u * stride) * 8, xv);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r] += wv[u][e] * xv[e];
-                    }
+                for (int u = 0; u < UNROLL; ++u) add_piece(wv[u], first[u], second[u]);
             }
-            for (; c < chunks; c += stride) {
+            for (; c < pieces; c += stride) {
                 float wv[8];
-                load8(row + static_cast<size_t>(c) * 8, wv);
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (r >= T) break;
-                    float xv[8];
-                    load8(x + static_cast<size_t>(r) * K + static_cast<size_t>(c) * 8, xv);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[r] += wv[e] * xv[e];
-                }
+                int first, second;
+                load_piece<F>(row, c, wv, first, second);
+                add_piece(wv, first, second);
             }
-        } else {  // rows not 16-byte aligned: one element at a time (tiny test models only)
+        } else if constexpr (!is_block(F)) {  // rows not 16-byte aligned: one element at a time (tiny test models only)
             for (int k = part * 32 + lane; k < K; k += 32 * warps_per_row) {
-                const float wk = widen(row[k]);
+                const float wk = weight_at<F>(row, k);
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r)
                     if (r < T) acc[r] += wk * x[static_cast<size_t>(r) * K + k];
@@ -350,6 +471,22 @@ __global__ void __launch_bounds__(128) matvec(const W* __restrict__ w, const flo
         if (bias) sum += bias[n];
         out[static_cast<size_t>(lane) * N + n] = sum;
     }
+}
+
+//    Q8_0 / Q4_K rows → f32 rows, one thread per piece: what a prefill's cuBLAS product reads (a matrix-matrix
+//    product is compute-bound, so decoding the blocks once per product costs one pass over the weights, against the
+//    2·T·N·K flops that follow). CPU twin: dequantize_row. Bit for bit the same values (see load_piece).
+template <WeightFormat F>
+__global__ void dequantize_rows(const uint8_t* __restrict__ w, size_t row_bytes, int N, int K, float* __restrict__ out) {
+    const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, pieces = static_cast<size_t>(K / 8);
+    if (i >= static_cast<size_t>(N) * pieces) return;
+    const size_t n = i / pieces;
+    float v[8];
+    int first, second;
+    load_piece<F>(w + n * row_bytes, static_cast<int>(i % pieces), v, first, second);
+    float* o = out + n * K;  // two 16-byte stores: K and first are multiples of 4
+    *reinterpret_cast<float4*>(o + first) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(o + second) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
 // f32 activations → bf16 for the tensor-core products (round to nearest even, as infer::f32_to_bf16).
@@ -411,20 +548,22 @@ __global__ void __launch_bounds__(128) gemm_tiled_wmma(const __nv_bfloat16* __re
 
 // 8. Paged attention for decode (and any token), flash-decoding style.  CPU twin: ForwardPass::attend.
 //    A token at position p attends to positions [first, p] of its sequence (first > 0 only with a sliding window).
-//    Those positions are cut into at most kSplits splits of whole KV blocks; the split length depends only on the
-//    token's own position, never on its batch-mates (batch invariance). Grid (T, Hkv, kSplits): one block per
-//    (token, KV head, split) holds the G = H / Hkv query heads that share that KV head (GQA: each K/V row is read once
-//    for all G heads), one warp per query head (warps loop when G > 4). Per position a warp computes q·k (lanes over Dh,
-//    shuffle-reduced), then an online softmax update (running max m, running sum l, running output acc) in registers.
-//    Each split writes its (m, l, acc); attention_combine merges them. Per K/V element (4 bytes) G·2 flops: AI ≈ G/2,
-//    memory-bound: at long contexts decode streams the cache as it streams the weights. `rows` lists the batch rows
-//    it serves (the rows of prefill tiles go to attention_prefill instead).
+//    Those positions are cut into at most kSplits splits of a multiple of 16 positions; the split length depends only on
+//    the token's own position, never on its batch-mates or the cache's block size (batch invariance). Grid (T, Hkv,
+//    kSplits): one block per (token, KV head, split) holds the G = H / Hkv query heads that share that KV head (GQA:
+//    each K/V row is read once for all G heads), one warp per query head (warps loop when G > 4). Per position a warp
+//    computes q·k (lanes over Dh, shuffle-reduced), then an online softmax update (running max m, running sum l,
+//    running output acc) in registers. Each split writes its (m, l, acc); attention_combine merges them. Per K/V element
+//    (4 bytes) G·2 flops: AI ≈ G/2, memory-bound in principle; in practice each position waits about a microsecond for
+//    its key (measured on an H200: ~1 µs per position of a split), so at a few hundred positions this kernel is
+//    latency-bound and a large share of a decode step (chapter 07). `rows` lists the batch rows it serves (the rows of
+//    prefill tiles go to attention_prefill instead).
 constexpr int kSplits = 16;
 constexpr int kMaxHeadDim = 256;
 
-__device__ __forceinline__ int split_length(int position, int B) {  // positions per split, a multiple of B
-    const int blocks = position / B + 1;
-    return ((blocks + kSplits - 1) / kSplits) * B;
+__device__ __forceinline__ int split_length(int position) {  // positions per split: ≥ (position + 1) / kSplits
+    const int per_split = (position + kSplits) / kSplits;
+    return (per_split + 15) / 16 * 16;
 }
 
 __global__ void __launch_bounds__(128) attention_decode(
@@ -436,7 +575,7 @@ __global__ void __launch_bounds__(128) attention_decode(
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int position = positions[t];
     if (position < 0) return;  // padding row: attention_combine writes zeros
-    const int length = split_length(position, B);
+    const int length = split_length(position);
     const int begin = split * length;
     if (begin > position) return;  // this token needs fewer splits; attention_combine never reads this one
     const int first = window > 0 ? max(0, position - window + 1) : 0;
@@ -491,7 +630,7 @@ __global__ void __launch_bounds__(128) attention_decode(
 //    The merge of the splits: out = Σ_s acc_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), M = max_s m_s, in split order.
 //    One block per (token, head), threads over Dh. Reads kSplits × Dh floats per Dh written: AI ~0.5.
 __global__ void attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                  const int* __restrict__ positions, const int* __restrict__ rows, int H, int Dh, int B,
+                                  const int* __restrict__ positions, const int* __restrict__ rows, int H, int Dh,
                                   float* __restrict__ out) {
     const int t = rows[blockIdx.x], h = blockIdx.y;
     const int position = positions[t];
@@ -500,7 +639,7 @@ __global__ void attention_combine(const float* __restrict__ part_acc, const floa
         for (int d = threadIdx.x; d < Dh; d += blockDim.x) o[d] = 0;
         return;
     }
-    const int splits = position / split_length(position, B) + 1;
+    const int splits = position / split_length(position) + 1;
     const size_t base = (static_cast<size_t>(t) * H + h) * kSplits;
     float M = -INFINITY;
     for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
@@ -644,11 +783,24 @@ unsigned blocks_for(size_t n, unsigned threads) { return static_cast<unsigned>((
 // =====================================================================================================================
 
 struct DeviceMatrix {
-    const void* data = nullptr;  // [N, K] bf16 or f32
-    bool bf16 = false;
+    const uint8_t* data = nullptr;  // N rows of row_bytes
+    WeightFormat format = WeightFormat::F32;
     int N = 0, K = 0;
+    size_t row_bytes = 0;
     int warps_per_row = 1;  // matvec split-K: 4 when N is small for the card
 };
+
+// The format a stored type is read in on the device: as stored where a kernel decodes it, else f32 (widened at upload).
+WeightFormat device_format(DType dtype) {
+    switch (dtype) {
+        case DType::BF16: return WeightFormat::BF16;
+        case DType::Q8_0: return WeightFormat::Q8_0;
+        case DType::Q4_K: return WeightFormat::Q4_K;
+        default: return WeightFormat::F32;
+    }
+}
+
+bool uploaded_as_stored(DType dtype) { return dtype == DType::F32 || device_format(dtype) != WeightFormat::F32; }
 
 // Uploads weights, each host tensor once (a tied lm_head is the embedding itself), and keeps them.
 class DeviceWeights {
@@ -659,30 +811,34 @@ public:
         DeviceMatrix m;
         m.N = static_cast<int>(t.rows());
         m.K = static_cast<int>(t.cols());
-        m.bf16 = t.dtype == DType::BF16;
+        m.format = device_format(t.dtype);
+        m.row_bytes = row_bytes_of(m.format, m.K);
         m.data = bytes_of(t);
-        // Split K four ways when one warp per row would leave the card short of warps (fewer than ~8 per SM).
-        m.warps_per_row = m.N < sm_count_ * 32 ? 4 : 1;
+        finish(m);
         return m;
     }
     // Matrices with the same K stacked row-wise into one ([wq; wk; wv] → [(H + 2·Hkv)·Dh, D], [w_gate; w_up] → [2F, D]):
     // one launch reads what three (or two) did, as vLLM's QKVParallelLinear and MergedColumnParallelLinear do.
-    // bf16 when all parts are bf16, else f32.
+    // Rows of one type stack as stored (blocks included: a row is whole blocks); a mix (a Q4_K_M file's Q6_K wv beside
+    // Q4_K wq and wk) is widened to f32.
     DeviceMatrix stacked(std::initializer_list<const Tensor*> parts) {
         DeviceMatrix m;
         m.K = static_cast<int>(parts.begin()[0]->cols());
-        m.bf16 = true;
+        const DType first = parts.begin()[0]->dtype;
+        bool same = true;
         for (const Tensor* t : parts) {
             if (t->cols() != m.K) fail("cuda: cannot stack ", t->name, " (", t->cols(), " columns, not ", m.K, ")");
             m.N += static_cast<int>(t->rows());
-            m.bf16 = m.bf16 && t->dtype == DType::BF16;
+            same = same && t->dtype == first;
         }
+        m.format = same ? device_format(first) : WeightFormat::F32;
+        m.row_bytes = row_bytes_of(m.format, m.K);
         std::vector<std::byte> host;
-        host.reserve(static_cast<size_t>(m.N) * m.K * (m.bf16 ? 2 : 4));
+        host.reserve(static_cast<size_t>(m.N) * m.row_bytes);
         for (const Tensor* t : parts) {
-            if (m.bf16 || t->dtype == DType::F32) {
+            if (same && uploaded_as_stored(t->dtype)) {
                 host.insert(host.end(), t->data, t->data + t->bytes());
-            } else {  // f16 and block-quantized parts: widened to f32 row by row
+            } else {  // widened to f32 row by row
                 std::vector<float> row(static_cast<size_t>(t->cols()));
                 for (int64_t r = 0; r < t->rows(); ++r) {
                     t->read_row(r, row.data());
@@ -692,8 +848,8 @@ public:
             }
         }
         buffers_.push_back(upload(host.data(), host.size()));
-        m.data = buffers_.back().get();
-        m.warps_per_row = m.N < sm_count_ * 32 ? 4 : 1;
+        m.data = reinterpret_cast<const uint8_t*>(buffers_.back().get());
+        finish(m);
         return m;
     }
     // Vectors stacked the same way (the q|k|v biases); an absent part is zeros; nullptr when all are absent.
@@ -716,15 +872,24 @@ public:
         buffers_.push_back(upload(reinterpret_cast<const std::byte*>(host.data()), host.size() * 4));
         return reinterpret_cast<const float*>(buffers_.back().get());
     }
+    // Elements of the largest block-format matrix: the f32 buffer a prefill decodes one matrix into.
+    size_t largest_block_matrix() const { return largest_block_matrix_; }
 
 private:
-    const void* bytes_of(const Tensor& t) {
+    void finish(DeviceMatrix& m) {
+        // Split K four ways when one warp per row would leave the card short of warps (fewer than ~8 per SM).
+        m.warps_per_row = m.N < sm_count_ * 32 ? 4 : 1;
+        if (is_block(m.format))
+            largest_block_matrix_ = std::max(largest_block_matrix_, static_cast<size_t>(m.N) * static_cast<size_t>(m.K));
+    }
+
+    const uint8_t* bytes_of(const Tensor& t) {
         auto found = uploaded_.find(t.data);
         if (found != uploaded_.end()) return found->second;
         const std::byte* source = t.data;
         size_t count = t.bytes();
         std::vector<float> widened;
-        if (t.dtype == DType::F16 || is_quantized(t.dtype)) {  // no f16 or quantized kernels: widen once to f32 (exact)
+        if (!uploaded_as_stored(t.dtype)) {  // f16 and the block types without a kernel: widened once to f32 (exact)
             widened.resize(static_cast<size_t>(t.elements()));
             for (int64_t r = 0; r < t.rows(); ++r) t.read_row(r, widened.data() + r * t.cols());
             source = reinterpret_cast<const std::byte*>(widened.data());
@@ -732,13 +897,14 @@ private:
         }
         buffers_.push_back(upload(source, count));
         bytes_ += count;
-        return uploaded_[t.data] = buffers_.back().get();
+        return uploaded_[t.data] = reinterpret_cast<const uint8_t*>(buffers_.back().get());
     }
 
     int sm_count_;
     size_t bytes_ = 0;
+    size_t largest_block_matrix_ = 0;
     std::vector<DeviceBuffer<std::byte>> buffers_;
-    std::unordered_map<const std::byte*, const void*> uploaded_;
+    std::unordered_map<const std::byte*, const uint8_t*> uploaded_;
 };
 
 struct DeviceLayer {
@@ -759,9 +925,16 @@ int device_sm_count(int device) {
 // ---- The matrix products, either kernel, with the launch arithmetic in one place ----
 
 // Launches matvec for T ≤ 8 rows (groups of 8 rows for more: the invariant path).
+void launch_embedding_gather(const DeviceMatrix& table, const int* ids, int T, float* x, cudaStream_t stream) {
+    for_format(table.format, [&](auto format) {
+        embedding_gather<decltype(format)::value><<<T, 256, 0, stream>>>(table.data, table.row_bytes, ids, table.K, x);
+    });
+}
+
 void launch_matvec(const DeviceMatrix& m, const float* x, int T, const float* bias, float* out, cudaStream_t stream) {
-    if (m.K % 8 == 0 && (reinterpret_cast<uintptr_t>(m.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0))
-        fail("cuda matvec: buffers are not 16-byte aligned");
+    if (m.K % 8 == 0 && (reinterpret_cast<uintptr_t>(m.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+                         m.row_bytes % (m.format == WeightFormat::Q8_0 ? 2 : 16) != 0))
+        fail("cuda matvec: buffers are not aligned for 16-byte loads");
     const int rows_per_block = 4 / m.warps_per_row;
     const dim3 grid(blocks_for(static_cast<size_t>(m.N), rows_per_block));
     for (int t0 = 0; t0 < T; t0 += 8) {
@@ -770,12 +943,10 @@ void launch_matvec(const DeviceMatrix& m, const float* x, int T, const float* bi
         float* os = out + static_cast<size_t>(t0) * m.N;
         auto go = [&](auto rows_tag) {
             constexpr int R = decltype(rows_tag)::value;
-            if (m.bf16)
-                matvec<__nv_bfloat16, R><<<grid, 128, 0, stream>>>(static_cast<const __nv_bfloat16*>(m.data), xs, rows, m.N,
-                                                                    m.K, m.warps_per_row, bias, os);
-            else
-                matvec<float, R><<<grid, 128, 0, stream>>>(static_cast<const float*>(m.data), xs, rows, m.N, m.K,
-                                                          m.warps_per_row, bias, os);
+            for_format(m.format, [&](auto format) {
+                matvec<decltype(format)::value, R><<<grid, 128, 0, stream>>>(m.data, m.row_bytes, xs, rows, m.N, m.K,
+                                                                            m.warps_per_row, bias, os);
+            });
         };
         if (rows == 1) go(std::integral_constant<int, 1>{});
         else if (rows == 2) go(std::integral_constant<int, 2>{});
@@ -791,25 +962,40 @@ enum class Path { Vector, Tiled, Cublas };
 struct MatmulContext {
     cublasHandle_t cublas = nullptr;
     DeviceBuffer<__nv_bfloat16> x_bf16;  // [T, max K] the activations rounded for the tensor cores
+    DeviceBuffer<float> dequantized;     // [N, K] of the largest block-format matrix, decoded for cuBLAS
     cudaStream_t stream = nullptr;
 };
 
 void run_matmul(MatmulContext& ctx, Path path, const DeviceMatrix& m, const float* x, int T, const float* bias, float* out) {
     if (T <= 0) return;
-    // f32 weights have no bf16 tensor-core path here: cuBLAS in f32 (pedantic, no TF32), else the matrix-vector kernel.
-    if (path == Path::Vector || (!m.bf16 && path == Path::Tiled)) {
+    const bool bf16 = m.format == WeightFormat::BF16;
+    // Only bf16 weights have a tensor-core path here; the others take the matrix-vector kernel for Tiled, and cuBLAS in
+    // f32 (pedantic, no TF32) for Cublas, block formats decoded to f32 first.
+    if (path == Path::Vector || (!bf16 && path == Path::Tiled)) {
         launch_matvec(m, x, T, bias, out, ctx.stream);
         return;
     }
+    const void* weights = m.data;
+    if (is_block(m.format)) {
+        const size_t elements = static_cast<size_t>(m.N) * m.K;
+        if (ctx.dequantized.size() < elements)
+            fail("cuda: dequantization buffer too small (", ctx.dequantized.size(), " < ", elements, ")");
+        for_format(m.format, [&](auto format) {
+            dequantize_rows<decltype(format)::value><<<blocks_for(elements / 8, 256), 256, 0, ctx.stream>>>(
+                m.data, m.row_bytes, m.N, m.K, ctx.dequantized.get());
+        });
+        INFER_LAUNCH_CHECK();
+        weights = ctx.dequantized.get();
+    }
     const size_t n = static_cast<size_t>(T) * m.K;
-    if (m.bf16) {
+    if (bf16) {
         if (ctx.x_bf16.size() < n) fail("cuda: bf16 activation buffer too small (", ctx.x_bf16.size(), " < ", n, ")");
         to_bf16<<<blocks_for(n, 256), 256, 0, ctx.stream>>>(x, ctx.x_bf16.get(), n);
         INFER_LAUNCH_CHECK();
     }
     if (path == Path::Tiled) {
         const dim3 grid(blocks_for(static_cast<size_t>(m.N), kTile), blocks_for(static_cast<size_t>(T), kTile));
-        gemm_tiled_wmma<<<grid, 128, 0, ctx.stream>>>(ctx.x_bf16.get(), static_cast<const __nv_bfloat16*>(m.data), T, m.N,
+        gemm_tiled_wmma<<<grid, 128, 0, ctx.stream>>>(ctx.x_bf16.get(), reinterpret_cast<const __nv_bfloat16*>(m.data), T, m.N,
                                                       m.K, bias, out);
         INFER_LAUNCH_CHECK();
         return;
@@ -817,10 +1003,10 @@ void run_matmul(MatmulContext& ctx, Path path, const DeviceMatrix& m, const floa
     // cuBLAS is column-major: out[T, N] row-major is outᵀ[N, T] column-major = W[N, K] · xᵀ[K, T], where W stored
     // row-major [N, K] is a column-major [K, N] matrix used transposed, and x row-major [T, K] is column-major [K, T].
     const float one = 1, zero = 0;
-    const void* xs = m.bf16 ? static_cast<const void*>(ctx.x_bf16.get()) : static_cast<const void*>(x);
-    const cudaDataType type = m.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t compute = m.bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
-    INFER_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m.N, T, m.K, &one, m.data, type, m.K, xs, type,
+    const void* xs = bf16 ? static_cast<const void*>(ctx.x_bf16.get()) : static_cast<const void*>(x);
+    const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+    INFER_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m.N, T, m.K, &one, weights, type, m.K, xs, type,
                                     m.K, &zero, out, CUDA_R_32F, m.N, compute, CUBLAS_GEMM_DEFAULT));
     if (bias) {
         add_bias<<<blocks_for(static_cast<size_t>(T) * m.N, 256), 256, 0, ctx.stream>>>(out, bias, T, m.N);
@@ -928,8 +1114,7 @@ struct ForwardState {
     MatmulContext mm;
     DeviceBuffer<std::byte> cublas_workspace;
     DeviceWeights weights;
-    const void* embedding = nullptr;
-    bool embedding_bf16 = false;
+    DeviceMatrix embedding;  // [V, D] gathered by row (a tied lm_head shares its device copy)
     const float* final_norm = nullptr;
     DeviceMatrix lm_head;
     std::vector<DeviceLayer> layers;
@@ -1000,8 +1185,7 @@ GpuForwardPass::GpuForwardPass(const Model& model, CudaOptions options)
     s.cublas_workspace.resize(32u << 20);
     INFER_CUBLAS_CHECK(cublasSetWorkspace(s.mm.cublas, s.cublas_workspace.get(), s.cublas_workspace.size()));
 
-    s.embedding = s.weights.matrix(model.embedding).data;
-    s.embedding_bf16 = model.embedding.dtype == DType::BF16;
+    s.embedding = s.weights.matrix(model.embedding);
     s.final_norm = s.weights.vector(model.final_norm);
     s.lm_head = s.weights.matrix(model.lm_head);
     for (const LayerWeights& w : model.layers) {
@@ -1018,6 +1202,7 @@ GpuForwardPass::GpuForwardPass(const Model& model, CudaOptions options)
         s.layers.push_back(d);
     }
     s.inverse_frequencies = detail::rope_inverse_frequencies(model);
+    s.mm.dequantized.resize(s.weights.largest_block_matrix());
 }
 
 GpuForwardPass::~GpuForwardPass() {
@@ -1097,10 +1282,7 @@ void enqueue_forward(ForwardState& s, int T, int rows, int decode_rows, int n_ti
     const Path path = path_for(s.options, T);
     cudaStream_t stream = s.stream;
 
-    if (s.embedding_bf16)
-        embedding_gather<<<T, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(s.embedding), s.ids.get(), D, s.x.get());
-    else
-        embedding_gather<<<T, 256, 0, stream>>>(static_cast<const float*>(s.embedding), s.ids.get(), D, s.x.get());
+    launch_embedding_gather(s.embedding, s.ids.get(), T, s.x.get(), stream);
     INFER_LAUNCH_CHECK();
 
     for (int l = 0; l < c.n_layers; ++l) {
@@ -1126,7 +1308,7 @@ void enqueue_forward(ForwardState& s, int T, int rows, int decode_rows, int n_ti
                 s.decode_rows.get(), H, Hkv, Dh, s.pool_block_size, c.sliding_window, scale, s.part_acc.get(), s.part_ml.get());
             INFER_LAUNCH_CHECK();
             attention_combine<<<dim3(decode_rows, H), 128, 0, stream>>>(s.part_acc.get(), s.part_ml.get(), s.positions.get(),
-                                                                        s.decode_rows.get(), H, Dh, s.pool_block_size, s.attn.get());
+                                                                        s.decode_rows.get(), H, Dh, s.attn.get());
             INFER_LAUNCH_CHECK();
         }
         if (n_tiles > 0) {
@@ -1319,8 +1501,7 @@ std::vector<float> embedding(const Tensor& table, const std::vector<int>& ids) {
     DeviceBuffer<int> d_ids = upload(ids.data(), ids.size());
     DeviceBuffer<float> x(ids.size() * m.K);
     const int T = static_cast<int>(ids.size());
-    if (m.bf16) embedding_gather<<<T, 256>>>(static_cast<const __nv_bfloat16*>(m.data), d_ids.get(), m.K, x.get());
-    else embedding_gather<<<T, 256>>>(static_cast<const float*>(m.data), d_ids.get(), m.K, x.get());
+    launch_embedding_gather(m, d_ids.get(), T, x.get(), nullptr);
     INFER_LAUNCH_CHECK();
     return download(x.get(), ids.size() * m.K);
 }
@@ -1373,6 +1554,7 @@ std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, c
     INFER_CUDA_CHECK(cudaStreamCreate(&stream));
     MatmulContext ctx = make_matmul_context(stream);
     ctx.x_bf16.resize(x.size());
+    ctx.dequantized.resize(weights.largest_block_matrix());
     DeviceBuffer<float> dx = upload(x.data(), x.size()), out(static_cast<size_t>(T) * m.N);
     const Path path = kernel == MatmulKernel::Vector ? Path::Vector : kernel == MatmulKernel::Tiled ? Path::Tiled : Path::Cublas;
     run_matmul(ctx, path, m, dx.get(), T, b, out.get());
@@ -1381,6 +1563,19 @@ std::vector<float> matmul(const Tensor& w, const std::vector<float>& x, int T, c
     cublasDestroy(ctx.cublas);
     cudaStreamDestroy(stream);
     return result;
+}
+
+std::vector<float> dequantize(const Tensor& w) {
+    DeviceWeights weights(1);
+    DeviceMatrix m = weights.matrix(w);
+    if (!is_block(m.format)) fail("cuda dequantize: ", w.name, " is ", dtype_name(w.dtype), ", not Q8_0 or Q4_K");
+    const size_t elements = static_cast<size_t>(m.N) * m.K;
+    DeviceBuffer<float> out(elements);
+    for_format(m.format, [&](auto format) {
+        dequantize_rows<decltype(format)::value><<<blocks_for(elements / 8, 256), 256>>>(m.data, m.row_bytes, m.N, m.K, out.get());
+    });
+    INFER_LAUNCH_CHECK();
+    return download(out.get(), elements);
 }
 
 std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, int layer, const Batch& batch,
@@ -1432,7 +1627,7 @@ std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, 
                                                          dr.get(), H, Hkv, Dh, B, c.sliding_window, scale, part_acc.get(),
                                                          part_ml.get());
         INFER_LAUNCH_CHECK();
-        attention_combine<<<dim3(T, H), 128>>>(part_acc.get(), part_ml.get(), dp.get(), dr.get(), H, Dh, B, out.get());
+        attention_combine<<<dim3(T, H), 128>>>(part_acc.get(), part_ml.get(), dp.get(), dr.get(), H, Dh, out.get());
     }
     INFER_LAUNCH_CHECK();
     return download(out.get(), q.size());

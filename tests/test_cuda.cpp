@@ -79,6 +79,36 @@ struct OwnedTensor {
     }
 };
 
+// A matrix of GGUF blocks (Q8_0 or Q4_K) with random contents: random f16 scales, random quants and packed scale bytes,
+// so every bit of the layout is exercised. The test owns the bytes.
+struct BlockTensor {
+    std::vector<std::byte> bytes;
+    infer::Tensor tensor;
+    BlockTensor(int rows, int cols, infer::DType dtype, std::mt19937& rng) {
+        tensor.name = "test";
+        tensor.dtype = dtype;
+        tensor.shape = {rows, cols};
+        const infer::DTypeBlock& block = infer::dtype_block(dtype);
+        bytes.resize(infer::dtype_bytes(dtype, int64_t{rows} * cols));
+        std::uniform_int_distribution<int> byte(0, 255);
+        std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+        for (size_t b = 0; b < bytes.size(); b += static_cast<size_t>(block.bytes)) {
+            for (int i = 0; i < block.bytes; ++i) bytes[b + i] = static_cast<std::byte>(byte(rng));
+            // The f16 scales: Q8_0's d, Q4_K's d and dmin (a random bit pattern could be a NaN or a huge value).
+            for (int half = 0; half < (dtype == infer::DType::Q4_K ? 2 : 1); ++half) {
+                const uint16_t d = infer::f32_to_f16(dtype == infer::DType::Q4_K ? std::fabs(scale(rng)) : scale(rng));
+                std::memcpy(&bytes[b + 2 * half], &d, 2);
+            }
+        }
+        tensor.data = bytes.data();
+    }
+    std::vector<float> dequantized() const {  // the CPU twin: infer.hpp's dequantizer, row by row
+        std::vector<float> values(static_cast<size_t>(tensor.elements()));
+        for (int64_t r = 0; r < tensor.rows(); ++r) tensor.read_row(r, values.data() + r * tensor.cols());
+        return values;
+    }
+};
+
 // Largest |a - b| / (|b| + floor) over two arrays of equal size.
 double max_relative_error(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-3) {
     REQUIRE(a.size() == b.size());
@@ -269,6 +299,69 @@ TEST_CASE("gpu kernels: matrix products against detail::matmul, every path, bf16
         }
 }
 
+TEST_CASE("gpu kernels: Q8_0 and Q4_K blocks decode on the device to the CPU dequantizer's values, bit for bit") {
+    REQUIRE_GPU_OR_SKIP();
+    std::mt19937 rng(11);
+    for (infer::DType dtype : {infer::DType::Q8_0, infer::DType::Q4_K})
+        for (auto [rows, cols] : {std::pair{3, 256}, std::pair{64, 768}, std::pair{130, 2048}}) {
+            CAPTURE(infer::dtype_name(dtype));
+            CAPTURE(rows);
+            CAPTURE(cols);
+            BlockTensor w(rows, cols, dtype, rng);
+            const std::vector<float> cpu = w.dequantized();
+            const std::vector<float> gpu = infer::cuda::kernels::dequantize(w.tensor);
+            REQUIRE(gpu.size() == cpu.size());
+            CHECK(std::memcmp(gpu.data(), cpu.data(), cpu.size() * 4) == 0);
+            // The embedding gather decodes the same pieces: a block-format table gives the CPU's rows.
+            const std::vector<int> ids = {rows - 1, 0, rows / 2, 0};
+            const std::vector<float> gathered = infer::cuda::kernels::embedding(w.tensor, ids);
+            REQUIRE(gathered.size() == ids.size() * static_cast<size_t>(cols));
+            for (size_t t = 0; t < ids.size(); ++t)
+                CHECK(std::memcmp(&gathered[t * cols], &cpu[static_cast<size_t>(ids[t]) * cols], static_cast<size_t>(cols) * 4) == 0);
+        }
+}
+
+TEST_CASE("gpu kernels: matrix products on Q8_0 and Q4_K blocks against the product of the dequantized weights") {
+    REQUIRE_GPU_OR_SKIP();
+    std::mt19937 rng(12);
+    struct Shape { int N, K, T; };
+    for (Shape shape : {Shape{512, 2048, 1}, Shape{64, 256, 3}, Shape{100, 512, 7}, Shape{2048, 768, 8},
+                        Shape{1000, 512, 37}, Shape{16, 256, 130}})
+        for (infer::DType dtype : {infer::DType::Q8_0, infer::DType::Q4_K}) {
+            BlockTensor w(shape.N, shape.K, dtype, rng);
+            OwnedTensor bias(random_floats(static_cast<size_t>(shape.N), rng), {shape.N}, infer::DType::F32);
+            const std::vector<float> x = random_floats(static_cast<size_t>(shape.T) * shape.K, rng);
+            // The twin: the dequantized weights times x, in double; `magnitude` is Σ|w·x| per output, which bounds
+            // any f32 summation order's error by K · 2⁻²⁴ · magnitude.
+            const std::vector<float> weights = w.dequantized();
+            std::vector<float> reference(static_cast<size_t>(shape.T) * shape.N), magnitude(reference.size());
+            for (int t = 0; t < shape.T; ++t)
+                for (int n = 0; n < shape.N; ++n) {
+                    double sum = bias.tensor.at(n), size = std::fabs(bias.tensor.at(n));
+                    for (int k = 0; k < shape.K; ++k) {
+                        const double term = double(weights[static_cast<size_t>(n) * shape.K + k]) * x[static_cast<size_t>(t) * shape.K + k];
+                        sum += term;
+                        size += std::fabs(term);
+                    }
+                    reference[static_cast<size_t>(t) * shape.N + n] = static_cast<float>(sum);
+                    magnitude[static_cast<size_t>(t) * shape.N + n] = static_cast<float>(size);
+                }
+            for (MatmulKernel kernel : {MatmulKernel::Vector, MatmulKernel::Tiled, MatmulKernel::Cublas}) {
+                CAPTURE(shape.N);
+                CAPTURE(shape.K);
+                CAPTURE(shape.T);
+                CAPTURE(infer::dtype_name(dtype));
+                CAPTURE(static_cast<int>(kernel));
+                const std::vector<float> gpu = infer::cuda::kernels::matmul(w.tensor, x, shape.T, &bias.tensor, kernel);
+                REQUIRE(gpu.size() == reference.size());
+                double worst = 0;  // error in units of the bound
+                for (size_t i = 0; i < gpu.size(); ++i)
+                    worst = std::max(worst, std::fabs(double(gpu[i]) - reference[i]) / (shape.K * 6e-8 * magnitude[i] + 1e-30));
+                CHECK(worst <= 1.0);
+            }
+        }
+}
+
 TEST_CASE("gpu kernels: paged attention, decode and prefill kernels, GQA and sliding window, against attend") {
     REQUIRE_GPU_OR_SKIP();
     std::mt19937 rng(6);
@@ -353,6 +446,31 @@ TEST_CASE("gpu: every architecture fixture's logits match the CPU path, every ma
                 // f32 activations (and f32 weights everywhere) agree to f32 rounding; bf16 tensor cores to ~1e-2.
                 const bool bf16_path = has_bf16_matrices(model) && options->vector_rows < static_cast<int>(ids.size());
                 CHECK(max_abs_error(gpu, cpu) < (bf16_path ? 1e-2 : 1e-4));
+            }
+        }
+    }
+}
+
+TEST_CASE("gpu: quantized files (Q8_0, Q4_K, the mixed Q4_K_M) give the logits of their dequantized weights") {
+    REQUIRE_GPU_OR_SKIP();
+    REQUIRE_SHARED_OR_SKIP();
+    infer::CudaOptions vector_only, cublas, no_graphs;
+    vector_only.vector_rows = INT_MAX;
+    cublas.vector_rows = 0;
+    no_graphs.graphs = false;
+    for (std::string type : {"Q8_0", "Q4_K", "Q4_K_M"}) {
+        const auto folder = test::shared_dir() / "fixtures/quant" / type;
+        infer::Model model = infer::load_model(folder / ("model-" + type + ".gguf"));
+        infer::Json manifest = test::read_json(folder / "manifest.json");
+        for (std::string name : {"A", "B"}) {
+            std::vector<int> ids = test::ids_of(manifest.at("sequences").at(name).at("ids"));
+            // The GPU keeps the activations in f32, so its twin is llama.cpp's f32 run on the decoded weights.
+            const std::vector<float> reference = test::read_floats(folder / ("logits_deqf32_" + name + ".f32"));
+            for (const infer::CudaOptions* options : {&vector_only, &cublas, &no_graphs}) {
+                CAPTURE(type);
+                CAPTURE(name);
+                CAPTURE(options->vector_rows);
+                CHECK(max_abs_error(prefill_logits(model, ids, true, *options), reference) < 1e-4);
             }
         }
     }
