@@ -2408,30 +2408,40 @@ inline void rms_norm(const float* x, const Tensor& gain, size_t width, double ep
 
 // The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
 // Low frequencies (long wavelengths) carry position over long distances; scaling them stretches a model's context.
+// What each RoPE frequency is divided by under the config's scaling: 1 without, `factor` for linear; Llama 3
+// stretches long wavelengths by `factor`, keeps short ones, and blends the band between smoothly. (GGUF files carry
+// Llama 3's divisors as the rope_freqs tensor.)
+inline std::vector<double> rope_frequency_divisors(const ModelConfig& c) {
+    const int half = c.head_dim / 2;
+    const RopeScaling& s = c.rope_scaling;
+    std::vector<double> divisors(static_cast<size_t>(half), 1.0);
+    for (int i = 0; i < half; ++i) {
+        const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
+        if (s.kind == RopeScaling::Kind::Linear) {
+            divisors[i] = s.factor;
+        } else if (s.kind == RopeScaling::Kind::Llama3) {
+            const double wavelength = 2 * M_PI / freq;
+            const double low_wavelength = s.original_context / s.low_freq_factor;
+            const double high_wavelength = s.original_context / s.high_freq_factor;
+            if (wavelength > low_wavelength) {
+                divisors[i] = s.factor;
+            } else if (wavelength >= high_wavelength) {
+                const double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                divisors[i] = 1 / ((1 - smooth) / s.factor + smooth);
+            }
+        }
+    }
+    return divisors;
+}
+
 inline std::vector<double> rope_inverse_frequencies(const Model& model) {
     const ModelConfig& c = model.config;
     const int half = c.head_dim / 2;
+    const std::vector<double> divisors = rope_frequency_divisors(c);
     std::vector<double> inverse(half);
-    const RopeScaling& s = c.rope_scaling;
     for (int i = 0; i < half; ++i) {
-        double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
-        if (!model.rope_freq_divisors.empty()) {
-            freq /= model.rope_freq_divisors[i];
-        } else if (s.kind == RopeScaling::Kind::Linear) {
-            freq /= s.factor;
-        } else if (s.kind == RopeScaling::Kind::Llama3) {
-            // Long wavelengths are stretched by `factor`, short ones kept, the band between blended smoothly.
-            double wavelength = 2 * M_PI / freq;
-            double low_wavelength = s.original_context / s.low_freq_factor;
-            double high_wavelength = s.original_context / s.high_freq_factor;
-            if (wavelength > low_wavelength) {
-                freq /= s.factor;
-            } else if (wavelength >= high_wavelength) {
-                double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-                freq = (1 - smooth) * freq / s.factor + smooth * freq;
-            }
-        }
-        inverse[i] = freq;
+        const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
+        inverse[i] = freq / (model.rope_freq_divisors.empty() ? divisors[i] : model.rope_freq_divisors[i]);
     }
     return inverse;
 }
@@ -7567,7 +7577,224 @@ inline Vocabulary vocabulary_from_gguf(const GgufFile& gguf) {
     return vocab;
 }
 
+// GGUF's tokenizer.* metadata for a vocabulary: what the reader above takes back.
+inline std::map<std::string, GgufValue> gguf_vocabulary_metadata(const Vocabulary& vocab, int bos_id, const std::vector<int>& eos_ids) {
+    std::map<std::string, GgufValue> metadata;
+    if (vocab.empty()) return metadata;
+    auto integer = [](int64_t value) { return GgufValue{value, U32, 0}; };
+    auto flag = [](bool value) { return GgufValue{value, BOOL, 0}; };
+    metadata["tokenizer.ggml.model"] = GgufValue{vocab.model_name, STRING, 0};
+    metadata["tokenizer.ggml.tokens"] = GgufValue{vocab.pieces, ARRAY, STRING};
+    std::vector<int64_t> types;
+    for (Vocabulary::Type type : vocab.types) types.push_back(static_cast<int64_t>(type));
+    metadata["tokenizer.ggml.token_type"] = GgufValue{types, ARRAY, I32};
+    if (vocab.model == Vocabulary::Model::Scores) {
+        metadata["tokenizer.ggml.scores"] = GgufValue{std::vector<double>(vocab.scores.begin(), vocab.scores.end()), ARRAY, F32};
+        metadata["tokenizer.ggml.add_space_prefix"] = flag(vocab.add_space_prefix);
+    } else {
+        metadata["tokenizer.ggml.merges"] = GgufValue{vocab.merges, ARRAY, STRING};
+        metadata["tokenizer.ggml.pre"] = GgufValue{vocab.pre, STRING, 0};
+    }
+    if (bos_id >= 0) metadata["tokenizer.ggml.bos_token_id"] = integer(bos_id);
+    if (!eos_ids.empty()) metadata["tokenizer.ggml.eos_token_id"] = integer(eos_ids.front());
+    if (eos_ids.size() > 1) metadata["tokenizer.ggml.eot_token_id"] = integer(eos_ids.back());  // Llama 3's <|eot_id|>
+    if (vocab.unk_id >= 0 && static_cast<size_t>(vocab.unk_id) < vocab.types.size() &&
+        vocab.types[static_cast<size_t>(vocab.unk_id)] == Vocabulary::Type::Unknown)
+        metadata["tokenizer.ggml.unknown_token_id"] = integer(vocab.unk_id);
+    metadata["tokenizer.ggml.add_bos_token"] = flag(vocab.add_bos);
+    metadata["tokenizer.ggml.add_eos_token"] = flag(vocab.add_eos);
+    if (!vocab.chat_template.empty()) metadata["tokenizer.chat_template"] = GgufValue{vocab.chat_template, STRING, 0};
+    return metadata;
+}
+
 }  // namespace detail
+
+// A Hugging Face folder's tokenizer.json (with the tokenizer_config.json beside it) as the vocabulary a GGUF file
+// carries, for `infer quantize` from a folder. GGUF spells two kinds of BPE:
+//   SentencePiece's (byte fallback, spaces as "▁": Llama 2, Mistral, TinyLlama) → "llama": pieces with scores.
+//     SentencePiece merges the adjacent pair whose joined piece scores highest, tokenizer.json the pair whose merge
+//     ranks first; scoring each piece minus the rank of the first merge that makes it has both pick the same pair.
+//   byte-level (Llama 3, Qwen2/3, GPT-2) → "gpt2": tokens, merges in rank order, and the split regex under the name
+//     llama.cpp gives it (tokenizer.ggml.pre: "llama-bpe", "qwen2", "gpt-2").
+// A tokenizer GGUF cannot spell is refused by name; what llama.cpp's converter also leaves out (a normalizer such as
+// Qwen's NFC, which matters only for text that is not already NFC) is said in `notes`.
+struct ConvertedVocabulary {
+    Vocabulary vocab;
+    int bos_id = -1;
+    std::vector<int> eos_ids;
+    std::vector<std::string> notes;
+};
+
+inline ConvertedVocabulary vocabulary_from_tokenizer_json(const std::filesystem::path& folder) {
+    const std::filesystem::path path = folder / "tokenizer.json";
+    const std::string file = path.string();
+    const Json json = Json::parse(read_text_file(path), file);
+    std::optional<Json> config;
+    if (const auto config_path = folder / "tokenizer_config.json"; std::filesystem::exists(config_path))
+        config = Json::parse(read_text_file(config_path), config_path.string());
+    auto type_of = [](const Json* component) {
+        const Json* type = component ? component->find("type") : nullptr;
+        return type && type->is_string() ? type->as_string() : std::string();
+    };
+    auto flag = [](const Json& object, std::string_view key, bool fallback) {
+        const Json* value = object.find(key);
+        return value && value->is_bool() ? value->as_bool() : fallback;
+    };
+    // A Sequence's parts, or the component alone.
+    auto parts = [&](const Json* component, const char* list) {
+        std::vector<const Json*> out;
+        if (!component || component->is_null()) return out;
+        if (const Json* items = component->find(list); items && items->is_array() && type_of(component) == "Sequence")
+            for (const Json& item : items->as_array()) out.push_back(&item);
+        else out.push_back(component);
+        return out;
+    };
+
+    ConvertedVocabulary out;
+    Vocabulary& v = out.vocab;
+    const Json& model = json.at("model");
+    if (const std::string type = type_of(&model); type != "BPE" && !(type.empty() && model.find("merges")))
+        fail(file, ": model type \"", type, "\" has no GGUF spelling here (BPE only)");
+
+    // Tokens by id: the vocabulary, then the added tokens (which may sit past it).
+    std::vector<std::pair<std::string, int>> entries;
+    for (const auto& [token, id] : model.at("vocab").as_object()) entries.emplace_back(token, static_cast<int>(id.as_int()));
+    std::vector<std::pair<const Json*, int>> added;
+    if (const Json* list = json.find("added_tokens"); list && list->is_array())
+        for (const Json& token : list->as_array()) added.emplace_back(&token, static_cast<int>(token.at("id").as_int()));
+    int largest = -1;
+    for (const auto& [token, id] : entries) largest = std::max(largest, id);
+    for (const auto& [token, id] : added) largest = std::max(largest, id);
+    if (largest < 0 || largest >= (1 << 24)) fail(file, ": token ids run to ", largest, ", not a vocabulary");
+    v.pieces.assign(static_cast<size_t>(largest) + 1, std::string());
+    std::vector<char> present(v.pieces.size(), 0);
+    for (const auto& [token, id] : entries) {
+        if (id < 0) fail(file, ": vocab token \"", token, "\" has id ", id);
+        v.pieces[static_cast<size_t>(id)] = token;
+        present[static_cast<size_t>(id)] = 1;
+    }
+    v.types.assign(v.pieces.size(), Vocabulary::Type::Normal);
+    for (const auto& [token, id] : added) {
+        if (id < 0) fail(file, ": added token ", id, " has a negative id");
+        v.pieces[static_cast<size_t>(id)] = token->at("content").as_string();
+        present[static_cast<size_t>(id)] = 1;
+        v.types[static_cast<size_t>(id)] = flag(*token, "special", false) ? Vocabulary::Type::Control : Vocabulary::Type::UserDefined;
+    }
+    for (size_t id = 0; id < present.size(); ++id)
+        if (!present[id]) fail(file, ": token id ", id, " is in neither the vocabulary nor added_tokens");
+    std::unordered_map<std::string, int> id_of;
+    for (size_t id = 0; id < v.pieces.size(); ++id) id_of.emplace(v.pieces[id], static_cast<int>(id));
+    v.unk_id = -1;
+    if (const Json* unk = model.find("unk_token"); unk && unk->is_string()) {
+        auto found = id_of.find(unk->as_string());
+        if (found == id_of.end()) fail(file, ": unk_token \"", unk->as_string(), "\" is not in the vocabulary");
+        v.unk_id = found->second;
+        v.types[static_cast<size_t>(v.unk_id)] = Vocabulary::Type::Unknown;
+    }
+    std::vector<std::string> merges;
+    for (const Json& merge : model.at("merges").as_array()) {
+        if (merge.is_string()) {
+            merges.push_back(merge.as_string());
+        } else {
+            const auto& pair = merge.as_array();
+            if (pair.size() != 2) fail(file, ": merge ", merges.size(), " is not a pair");
+            merges.push_back(pair[0].as_string() + " " + pair[1].as_string());
+        }
+    }
+
+    const Json* normalizer = json.find("normalizer");
+    const Json* pre_tokenizer = json.find("pre_tokenizer");
+    if (flag(model, "byte_fallback", false)) {
+        // SentencePiece-style: spaces become "▁" (a Replace normalizer or a Metaspace pre-tokenizer), "▁" in front.
+        v.model = Vocabulary::Model::Scores;
+        v.model_name = "llama";
+        bool replaces_spaces = false, prepends = false;
+        for (const Json* n : parts(normalizer, "normalizers")) {
+            const std::string type = type_of(n);
+            if (type == "Prepend") prepends = true;
+            else if (type == "Replace") replaces_spaces = true;
+            else fail(file, ": normalizer \"", type, "\" has no GGUF spelling (SentencePiece-style vocabularies: Prepend, Replace)");
+        }
+        for (const Json* p : parts(pre_tokenizer, "pretokenizers")) {
+            if (type_of(p) != "Metaspace") fail(file, ": pre-tokenizer \"", type_of(p), "\" has no GGUF spelling with byte fallback");
+            replaces_spaces = true;
+            const Json* scheme = p->find("prepend_scheme");
+            prepends = scheme && scheme->is_string() ? scheme->as_string() != "never" : flag(*p, "add_prefix_space", true);
+        }
+        if (!replaces_spaces) fail(file, ": a byte-fallback BPE that does not spell spaces as \"▁\" has no GGUF spelling");
+        v.add_space_prefix = prepends;
+        v.scores.assign(v.pieces.size(), 0.0f);
+        std::vector<char> scored(v.pieces.size(), 0);
+        for (size_t rank = 0; rank < merges.size(); ++rank) {
+            const std::string& merge = merges[rank];
+            const size_t space = merge.find(' ', 1);
+            if (space == std::string::npos) fail(file, ": merge ", rank, " (\"", merge, "\") is not \"left right\"");
+            auto found = id_of.find(merge.substr(0, space) + merge.substr(space + 1));
+            if (found == id_of.end() || scored[static_cast<size_t>(found->second)]) continue;
+            scored[static_cast<size_t>(found->second)] = 1;
+            v.scores[static_cast<size_t>(found->second)] = -static_cast<float>(rank + 1);
+        }
+        for (size_t id = 0; id < v.pieces.size(); ++id)
+            if (v.types[id] == Vocabulary::Type::Normal && detail::byte_token_value(v.pieces[id]) >= 0) v.types[id] = Vocabulary::Type::Byte;
+    } else {
+        // Byte-level: a ByteLevel pre-tokenizer, alone (GPT-2's regex) or after a Split whose regex GGUF names.
+        v.model = Vocabulary::Model::RankedMerges;
+        v.model_name = "gpt2";
+        v.merges = std::move(merges);
+        std::string split;
+        bool byte_level = false, byte_level_regex = false;
+        for (const Json* p : parts(pre_tokenizer, "pretokenizers")) {
+            const std::string type = type_of(p);
+            if (type == "Split") {
+                const Json* regex = p->at("pattern").find("Regex");
+                if (!regex || !regex->is_string()) fail(file, ": a Split pre-tokenizer without a regex has no GGUF spelling");
+                split = regex->as_string();
+            } else if (type == "ByteLevel") {
+                byte_level = true;
+                byte_level_regex = flag(*p, "use_regex", true);
+            } else {
+                fail(file, ": pre-tokenizer \"", type, "\" has no GGUF spelling");
+            }
+        }
+        if (!byte_level) fail(file, ": a BPE without byte fallback or a ByteLevel pre-tokenizer has no GGUF spelling");
+        if (split == detail::llama3_split_pattern && !byte_level_regex) v.pre = "llama-bpe";
+        else if (split == detail::qwen2_split_pattern && !byte_level_regex) v.pre = "qwen2";
+        else if (split.empty() && byte_level_regex) v.pre = "gpt-2";
+        else fail(file, ": its split regex has no GGUF name (supported: the Llama 3, Qwen2 and GPT-2 splits)");
+        for (const Json* n : parts(normalizer, "normalizers"))
+            out.notes.push_back(file + ": normalizer \"" + type_of(n) + "\" is not stored (GGUF has no normalizer; "
+                                "llama.cpp's converter leaves it out too)");
+    }
+
+    // BOS and EOS: tokenizer_config.json's tokens and add_bos_token; without the flag, a post-processor that starts
+    // every sequence with a special token adds BOS.
+    auto config_id = [&](std::string_view key) {
+        const Json* value = config ? config->find(key) : nullptr;
+        std::string token = value && value->is_string() ? value->as_string() : "";
+        if (value && value->is_object())
+            if (const Json* content = value->find("content"); content && content->is_string()) token = content->as_string();
+        auto found = id_of.find(token);
+        return token.empty() || found == id_of.end() ? -1 : found->second;
+    };
+    out.bos_id = config_id("bos_token");
+    if (int eos = config_id("eos_token"); eos >= 0) out.eos_ids.push_back(eos);
+    bool template_bos = false;
+    for (const Json* p : parts(json.find("post_processor"), "processors"))
+        if (type_of(p) == "TemplateProcessing")
+            if (const Json* single = p->find("single"); single && single->is_array() && !single->as_array().empty())
+                if (const Json* first = single->as_array().front().find("SpecialToken")) {
+                    template_bos = true;
+                    if (out.bos_id < 0)
+                        if (auto found = id_of.find(first->at("id").as_string()); found != id_of.end()) out.bos_id = found->second;
+                }
+    v.add_bos = config && config->find("add_bos_token") && config->find("add_bos_token")->is_bool()
+                    ? config->find("add_bos_token")->as_bool()
+                    : template_bos;
+    v.add_eos = config ? flag(*config, "add_eos_token", false) : false;
+    if (config)
+        if (const Json* chat = config->find("chat_template"); chat && chat->is_string()) v.chat_template = chat->as_string();
+    return out;
+}
 
 // ==== F SIMD KERNELS =================================================================================================
 // The AVX2 and AVX-512 twins of section 04's portable kernels. Each is compiled for its instruction set through a
@@ -8304,11 +8531,11 @@ inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const Quantize
 }  // namespace detail
 
 // ==== I QUANTIZING ===================================================================================================
-// `infer quantize`: a float GGUF (F32, F16 or BF16 weights) rewritten with its matrices in blocks. Each encoder is the
-// inverse of a decoder of appendix H. Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 follow llama.cpp's reference rounding step for
-// step, so their bytes are identical to llama-quantize's for the same input; the K-quants search each sub-block's
-// scale and minimum by least squares over a few candidate grids (their own search, judged by the error it leaves).
-// A recipe such as Q4_K_M gives a few sensitive matrices more bits. Cost: one pass over the weights, a few dozen
+// `infer quantize`: a float GGUF (F32, F16 or BF16 weights), or a Hugging Face folder converted on the way, written
+// with its matrices in blocks. Each encoder is the inverse of a decoder of appendix H. Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
+// follow llama.cpp's reference rounding step for step, so their bytes are identical to llama-quantize's for the same
+// input; the K-quants search each sub-block's scale and minimum by least squares over a few candidate grids (their own
+// search, judged by the error it leaves). A recipe such as Q4_K_M gives a few sensitive matrices more bits. Cost: one pass over the weights, a few dozen
 // operations per weight for the K-quants' search; a 1B model takes seconds per thread.
 
 namespace detail {
@@ -8682,6 +8909,7 @@ struct QuantizeOptions {
 struct QuantizeReport {
     uint64_t bytes_in = 0, bytes_out = 0;
     std::map<std::string, size_t> tensors_by_type;  // "Q4_K" → how many tensors got it
+    std::vector<std::string> notes;                 // what the output could not keep (a folder's sliding window, ...)
 };
 
 // One tensor for write_gguf: name, shape (outermost first), the type it is stored in, and what fills its bytes
@@ -8747,42 +8975,43 @@ inline void write_gguf(const std::filesystem::path& path, const std::map<std::st
     std::filesystem::rename(part, path);
 }
 
-// Rewrites a GGUF file (F32, F16 or BF16 weights) with its matrices quantized: the metadata is copied as it was
-// (with general.file_type and general.quantization_version set), the tensors keep their order and names, the data
-// section is aligned as the input says.
-inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
-                                    const QuantizeOptions& options) {
+// One tensor of a quantized file: its GGUF name, the tensor it is read from, and, where rows must be reordered (a
+// Llama q/k projection from a Hugging Face folder), the source row of each output row.
+struct QuantizeSource {
+    std::string name;
+    const Tensor* tensor = nullptr;
+    std::vector<int64_t> rows;  // empty: the same order
+};
+
+namespace detail {
+
+// Writes `sources` under `metadata`, each matrix in the type the recipe gives it, rows quantized in parallel.
+inline QuantizeReport write_quantized_gguf(const std::string& source_name, const std::filesystem::path& out_path,
+                                           std::map<std::string, GgufValue> metadata, const std::vector<QuantizeSource>& sources,
+                                           int n_layers, uint64_t alignment, const QuantizeOptions& options) {
     const QuantRecipe& recipe = quant_recipe(options.type);
-    const GgufFile in = read_gguf(in_path);
-    const std::string arch = in.string_or("general.architecture", "");
-    const int n_layers = static_cast<int>(in.integer_or(arch + ".block_count", 0));
-    const bool has_output = in.tensors.count("output.weight") > 0;
-
-    // The tensors in the file's own order (the map holds them by name; their data pointers give the order).
-    std::vector<const Tensor*> order;
-    for (const auto& [name, tensor] : in.tensors) order.push_back(&tensor);
-    std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) { return a->data < b->data; });
-
+    const bool has_output = std::any_of(sources.begin(), sources.end(), [](const QuantizeSource& t) { return t.name == "output.weight"; });
     QuantizeReport report;
     std::vector<GgufTensorOut> tensors;
-    for (const Tensor* source : order) {
-        const Tensor& t = *source;
+    for (const QuantizeSource& source : sources) {
+        const Tensor& t = *source.tensor;
         if (is_quantized(t.dtype))
-            fail(in_path.string(), ": tensor ", t.name, " is already ", dtype_name(t.dtype),
+            fail(source_name, ": tensor ", t.name, " is already ", dtype_name(t.dtype),
                  "; quantize from a file whose weights are F32, F16 or BF16");
-        const DType type = quantized_type_for(recipe, t.name, t.shape, n_layers, has_output, options.pure);
+        const DType type = quantized_type_for(recipe, source.name, t.shape, n_layers, has_output, options.pure);
         report.bytes_in += t.bytes();
         ++report.tensors_by_type[dtype_name(type)];
-        auto fill = [&t, type, &in_path, pool = options.pool](std::byte* blocks) {
+        auto fill = [&t, &source, type, &source_name, pool = options.pool](std::byte* blocks) {
             const int64_t width = t.cols(), rows = t.elements() / std::max<int64_t>(width, 1);
             const uint64_t row_bytes = dtype_bytes(type, width);
             std::atomic<int64_t> bad_row{-1};  // a row holding NaN or infinity: no scale represents it
             auto quantize_rows = [&](size_t begin, size_t end, int) {
                 std::vector<float> row(static_cast<size_t>(width));
                 for (size_t r = begin; r < end; ++r) {
-                    t.read_row(static_cast<int64_t>(r), row.data());
+                    const int64_t from = source.rows.empty() ? static_cast<int64_t>(r) : source.rows[r];
+                    t.read_row(from, row.data());
                     if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) {
-                        bad_row = static_cast<int64_t>(r);
+                        bad_row = from;
                         return;
                     }
                     quantize_row(type, row.data(), blocks + r * row_bytes, width);
@@ -8790,19 +9019,190 @@ inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const 
             };
             if (pool) pool->run_sized(static_cast<size_t>(rows), static_cast<size_t>(t.elements()) * 16, quantize_rows);
             else quantize_rows(0, static_cast<size_t>(rows), 0);
-            if (bad_row >= 0) fail(in_path.string(), ": tensor ", t.name, " row ", bad_row.load(), " holds NaN or infinity");
+            if (bad_row >= 0) fail(source_name, ": tensor ", t.name, " row ", bad_row.load(), " holds NaN or infinity");
         };
-        tensors.push_back({t.name, t.shape, type, fill});
+        tensors.push_back({source.name, t.shape, type, fill});
     }
-    std::map<std::string, detail::GgufValue> metadata = in.metadata;
-    metadata["general.file_type"] = detail::GgufValue{int64_t{recipe.file_type}, detail::U32, 0};
-    metadata["general.quantization_version"] = detail::GgufValue{int64_t{2}, detail::U32, 0};
-    const uint64_t alignment = static_cast<uint64_t>(in.integer_or("general.alignment", 32));
+    metadata["general.file_type"] = GgufValue{int64_t{recipe.file_type}, U32, 0};
+    metadata["general.quantization_version"] = GgufValue{int64_t{2}, U32, 0};
     write_gguf(out_path, metadata, tensors, alignment, [&](size_t done, size_t total, uint64_t bytes, const std::string& name) {
         report.bytes_out = bytes;
         if (options.progress) options.progress(done, total, bytes, name);
     });
     return report;
+}
+
+// The order llama.cpp's converter writes a Llama q or k projection in: within each head, the rows of the first half
+// and of the second half interleaved (Hugging Face's "rotate half" pairs i with i + Dh/2; GGUF "llama" files rotate
+// adjacent pairs). Output row h·Dh + 2j + s is source row h·Dh + s·Dh/2 + j.
+inline std::vector<int64_t> adjacent_pair_rows(int64_t rows, int head_dim) {
+    std::vector<int64_t> order(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t head = r / head_dim, within = r % head_dim;
+        order[static_cast<size_t>(r)] = head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
+    }
+    return order;
+}
+
+}  // namespace detail
+
+// Rewrites a GGUF file (F32, F16 or BF16 weights) with its matrices quantized: the metadata is copied as it was
+// (with general.file_type and general.quantization_version set), the tensors keep their order and names, the data
+// section is aligned as the input says.
+inline QuantizeReport quantize_gguf(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
+                                    const QuantizeOptions& options) {
+    const GgufFile in = read_gguf(in_path);
+    const std::string arch = in.string_or("general.architecture", "");
+    // The tensors in the file's own order (the map holds them by name; their data pointers give the order).
+    std::vector<QuantizeSource> sources;
+    for (const auto& [name, tensor] : in.tensors) sources.push_back({name, &tensor, {}});
+    std::sort(sources.begin(), sources.end(), [](const QuantizeSource& a, const QuantizeSource& b) { return a.tensor->data < b.tensor->data; });
+    return detail::write_quantized_gguf(in_path.string(), out_path, in.metadata, sources,
+                                        static_cast<int>(in.integer_or(arch + ".block_count", 0)),
+                                        static_cast<uint64_t>(in.integer_or("general.alignment", 32)), options);
+}
+
+// A Hugging Face folder (config.json, safetensors, tokenizer.json) written as a quantized GGUF file, as llama.cpp's
+// converter and llama-quantize would in two steps: the hyperparameters under "<architecture>.*" keys (Mistral as
+// "llama", as that converter writes it), the tensors under GGUF's names, a Llama's q and k rows reordered for
+// adjacent-pair RoPE, Llama 3's frequency scaling as the rope_freqs tensor, and the vocabulary from tokenizer.json
+// (vocabulary_from_tokenizer_json). What the file cannot hold is said in the report's notes: a sliding window (GGUF
+// "llama" files have none; llama.cpp runs them without it, and so does infer on the converted file), a missing
+// tokenizer.json (the file then runs on token ids only).
+inline QuantizeReport quantize_hugging_face(const std::filesystem::path& folder, const std::filesystem::path& out_path,
+                                            const QuantizeOptions& options) {
+    const Model model = load_model(folder);
+    const ModelConfig& c = model.config;
+    const Architecture* arch = find_architecture(c.architecture, false);
+    const std::string name = arch && arch->in_gguf ? c.architecture : "llama";
+    const Architecture* written = find_architecture(name, true);
+    std::vector<std::string> notes;
+
+    using detail::GgufValue;
+    auto integer = [](int64_t value) { return GgufValue{value, detail::U32, 0}; };
+    auto number = [](double value) { return GgufValue{value, detail::F32, 0}; };
+    auto text = [](std::string value) { return GgufValue{std::move(value), detail::STRING, 0}; };
+    const std::string a = name + ".";
+    std::map<std::string, GgufValue> metadata = {
+        {"general.architecture", text(name)},
+        {"general.name", text(std::filesystem::absolute(folder).lexically_normal().filename().string())},
+        {a + "block_count", integer(c.n_layers)},
+        {a + "context_length", integer(c.context_length)},
+        {a + "embedding_length", integer(c.dim)},
+        {a + "feed_forward_length", integer(c.ffn_dim)},
+        {a + "attention.head_count", integer(c.n_heads)},
+        {a + "attention.head_count_kv", integer(c.n_kv_heads)},
+        {a + "attention.layer_norm_rms_epsilon", number(c.norm_eps)},
+        {a + "rope.freq_base", number(c.rope_theta)},
+        {a + "rope.dimension_count", integer(c.head_dim)},
+        {a + "vocab_size", integer(c.vocab_size)},
+    };
+    if (c.head_dim != c.dim / c.n_heads) {
+        metadata[a + "attention.key_length"] = integer(c.head_dim);
+        metadata[a + "attention.value_length"] = integer(c.head_dim);
+    }
+    if (c.rope_scaling.kind == RopeScaling::Kind::Linear) {
+        metadata[a + "rope.scaling.type"] = text("linear");
+        metadata[a + "rope.scaling.factor"] = number(c.rope_scaling.factor);
+    }
+    if (c.sliding_window > 0 && c.sliding_window < c.context_length)
+        notes.push_back(concat(folder.string(), ": sliding_window ", c.sliding_window, " is not stored: GGUF \"", name,
+                               "\" files have no window (llama.cpp runs them without one, and so does infer)"));
+
+    if (std::filesystem::exists(folder / "tokenizer.json")) {
+        ConvertedVocabulary vocabulary = vocabulary_from_tokenizer_json(folder);
+        if (static_cast<int>(vocabulary.vocab.pieces.size()) > c.vocab_size)
+            fail(folder.string(), ": tokenizer.json has ", vocabulary.vocab.pieces.size(), " tokens, more than the model's ",
+                 c.vocab_size);
+        // Rows of the embedding past the tokenizer's last id (vocabularies padded to a multiple of 64) get placeholder
+        // tokens, as llama.cpp's converter writes them, so the file's vocabulary covers every row.
+        for (int id = static_cast<int>(vocabulary.vocab.pieces.size()); id < c.vocab_size; ++id) {
+            vocabulary.vocab.pieces.push_back("[PAD" + std::to_string(id) + "]");
+            vocabulary.vocab.types.push_back(Vocabulary::Type::Unused);
+            if (!vocabulary.vocab.scores.empty()) vocabulary.vocab.scores.push_back(0.0f);
+        }
+        // BOS and EOS as the tokenizer spells them (tokenizer_config.json), else config.json's; a chat model's
+        // end-of-turn token among config.json's end ids becomes GGUF's eot (what the reader stops at besides EOS).
+        const int bos = vocabulary.bos_id >= 0 ? vocabulary.bos_id : c.bos_id;
+        std::vector<int> eos = vocabulary.eos_ids;
+        if (eos.empty() && !c.eos_ids.empty()) eos.push_back(c.eos_ids.front());
+        for (int id : c.eos_ids) {
+            if (id < 0 || static_cast<size_t>(id) >= vocabulary.vocab.pieces.size())
+                fail(folder.string(), "/config.json: eos_token_id ", id, " is outside the vocabulary (", vocabulary.vocab.pieces.size(), " tokens)");
+            const std::string& piece = vocabulary.vocab.pieces[static_cast<size_t>(id)];
+            if (std::find(eos.begin(), eos.end(), id) == eos.end() && (piece == "<|eot_id|>" || piece == "<|im_end|>"))
+                eos.push_back(id);
+        }
+        metadata.merge(detail::gguf_vocabulary_metadata(vocabulary.vocab, bos, eos));
+        notes.insert(notes.end(), vocabulary.notes.begin(), vocabulary.notes.end());
+    } else {
+        notes.push_back(folder.string() + ": no tokenizer.json: the file has no vocabulary (it runs on token ids)");
+    }
+
+    // The tensors in llama.cpp's order: embedding, each layer's, final norm, classifier.
+    std::vector<QuantizeSource> sources;
+    const detail::TensorNames& n = detail::gguf_names;
+    std::deque<std::vector<float>> reordered_values;  // a q or k bias in adjacent-pair order (its one row reordered)
+    std::deque<Tensor> reordered;
+    sources.push_back({n.embedding, &model.embedding, {}});
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+        const LayerWeights& w = model.layers[l];
+        const std::string prefix = n.layer_prefix + std::to_string(l) + ".";
+        auto add = [&](const char* field, const Tensor& t, bool qk_rows = false) {
+            if (t.empty()) return;
+            if (!qk_rows || !written->gguf_rope_pairs) {
+                sources.push_back({prefix + field, &t, {}});
+            } else if (t.shape.size() == 2) {
+                sources.push_back({prefix + field, &t, detail::adjacent_pair_rows(t.rows(), c.head_dim)});
+            } else {
+                std::vector<float>& values = reordered_values.emplace_back(static_cast<size_t>(t.elements()));
+                const std::vector<int64_t> order = detail::adjacent_pair_rows(t.elements(), c.head_dim);
+                for (size_t i = 0; i < order.size(); ++i) values[i] = t.at(order[i]);
+                Tensor& copy = reordered.emplace_back();
+                copy.name = t.name;
+                copy.dtype = DType::F32;
+                copy.shape = t.shape;
+                copy.data = reinterpret_cast<const std::byte*>(values.data());
+                sources.push_back({prefix + field, &copy, {}});
+            }
+        };
+        add(n.attn_norm, w.attn_norm);
+        add(n.wq, w.wq, true);
+        add(n.wk, w.wk, true);
+        add(n.wv, w.wv);
+        add(n.wo, w.wo);
+        add(n.bq, w.bq, true);
+        add(n.bk, w.bk, true);
+        add(n.bv, w.bv);
+        add(n.q_norm, w.q_norm);
+        add(n.k_norm, w.k_norm);
+        add(n.ffn_norm, w.ffn_norm);
+        add(n.w_gate, w.w_gate);
+        add(n.w_up, w.w_up);
+        add(n.w_down, w.w_down);
+    }
+    sources.push_back({n.final_norm, &model.final_norm, {}});
+    if (!c.tied_embeddings) sources.push_back({n.lm_head, &model.lm_head, {}});
+    // Llama 3's scaling, as the per-frequency divisors llama.cpp reads from rope_freqs.weight.
+    std::vector<float> divisors;
+    Tensor rope_freqs;
+    if (c.rope_scaling.kind == RopeScaling::Kind::Llama3) {
+        for (double divisor : detail::rope_frequency_divisors(c)) divisors.push_back(static_cast<float>(divisor));
+        rope_freqs.name = "rope_freqs.weight";
+        rope_freqs.dtype = DType::F32;
+        rope_freqs.shape = {static_cast<int64_t>(divisors.size())};
+        rope_freqs.data = reinterpret_cast<const std::byte*>(divisors.data());
+        sources.insert(sources.begin(), {rope_freqs.name, &rope_freqs, {}});
+    }
+    QuantizeReport report = detail::write_quantized_gguf(folder.string(), out_path, std::move(metadata), sources, c.n_layers, 32, options);
+    report.notes = std::move(notes);
+    return report;
+}
+
+// What `infer quantize -m` takes: a Hugging Face folder or a float GGUF file.
+inline QuantizeReport quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, const QuantizeOptions& options) {
+    if (std::filesystem::is_directory(in)) return quantize_hugging_face(in, out, options);
+    return quantize_gguf(in, out, options);
 }
 
 // A random-weight Llama written as GGUF (F32, F16 or BF16), with a stand-in vocabulary (the control tokens, the 256
@@ -8850,8 +9250,23 @@ inline void save_random_model_gguf(const std::filesystem::path& path, const Mode
     metadata["tokenizer.ggml.scores"] = GgufValue{std::vector<double>(pieces.size(), 0.0), detail::ARRAY, detail::F32};
     metadata["tokenizer.ggml.token_type"] = GgufValue{types, detail::ARRAY, detail::I32};
 
-    // The same weights as save_random_model, under GGUF's names.
-    const std::vector<TensorData> weights = random_weights(shape, dtype, seed);
+    // The same weights as save_random_model, under GGUF's names; the norm gains in F32, as llama.cpp's converter
+    // writes every 1-D tensor (its CPU kernels multiply f32 activations by f32 gains only).
+    std::vector<TensorData> weights = random_weights(shape, dtype, seed);
+    for (TensorData& w : weights) {
+        if (w.shape.size() != 1 || w.dtype == DType::F32) continue;
+        Tensor view;  // the bytes as a tensor, to read each value back as f32
+        view.dtype = w.dtype;
+        view.shape = w.shape;
+        view.data = w.bytes.data();
+        std::vector<std::byte> widened(static_cast<size_t>(w.shape[0]) * 4);
+        for (int64_t i = 0; i < w.shape[0]; ++i) {
+            const float value = view.at(i);
+            std::memcpy(&widened[static_cast<size_t>(i) * 4], &value, 4);
+        }
+        w.bytes = std::move(widened);
+        w.dtype = DType::F32;
+    }
     std::vector<GgufTensorOut> tensors;
     for (const TensorData& w : weights)
         tensors.push_back({detail::renamed_tensor(w.name, detail::hugging_face_names, detail::gguf_names), w.shape, w.dtype,

@@ -207,6 +207,49 @@ TEST_CASE("a GGUF gpt2 vocabulary (built here) tokenizes as byte-level BPE with 
     CHECK(test::error_of([&] { infer::load_tokenizer(dir / "unknown.gguf"); }).find("tokenizer.ggml.pre \"zzz-9\"") != std::string::npos);
 }
 
+TEST_CASE("every tokenizer.json converted to a GGUF vocabulary tokenizes every reference case as Hugging Face does") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("gguf-vocab");
+    for (const std::string& family : families) {
+        const auto folder = test::shared_dir() / "tokenizers" / family;
+        const infer::ConvertedVocabulary converted = infer::vocabulary_from_tokenizer_json(folder);
+        CHECK(converted.vocab.model_name == (family == "llama2" || family == "mistral" ? "llama" : "gpt2"));
+        // What `infer quantize` writes for a folder: the metadata alone, read back as any GGUF file is.
+        auto metadata = infer::detail::gguf_vocabulary_metadata(converted.vocab, converted.bos_id, converted.eos_ids);
+        metadata["general.architecture"] = infer::detail::GgufValue{std::string("llama"), infer::detail::STRING, 0};
+        const auto path = dir / (family + ".gguf");
+        infer::write_gguf(path, metadata, {}, 32);
+        const infer::Tokenizer tokenizer = infer::load_tokenizer(path);
+        const infer::Tokenizer& reference = tokenizer_of(family);
+        CHECK(tokenizer.bos_token() == reference.bos_token());
+        CHECK(tokenizer.chat_template() == reference.chat_template());
+        // Two differences are GGUF's own, and llama.cpp's: it stores no normalizer (Qwen's NFC changes only text that is
+        // not already NFC, so those cases are left out), and a SentencePiece vocabulary's control tokens decode to
+        // nothing (only the decode of cases that hold one is left out).
+        const bool sentencepiece = converted.vocab.model_name == "llama";
+        CHECK(converted.notes.size() == (family == "qwen3" ? 1u : 0u));
+        int passed = 0, total = 0;
+        for (const infer::Json& c : read_cases(folder / "cases.jsonl")) {
+            const std::string& text = c.at("text").as_string();
+            if (family == "qwen3" && infer::detail::nfc(text) != text) continue;
+            const std::vector<int> ids = test::ids_of(c.at("ids"));
+            const bool has_control = std::any_of(ids.begin(), ids.end(), [&](int id) {
+                return converted.vocab.types[static_cast<size_t>(id)] == infer::Vocabulary::Type::Control;
+            });
+            CAPTURE(family);
+            CAPTURE(text);
+            const bool same = tokenizer.encode(text, false) == ids &&
+                              tokenizer.encode(text, true) == test::ids_of(c.at("ids_with_special")) &&
+                              (tokenizer.decode(ids) == c.at("decoded").as_string() || (sentencepiece && has_control));
+            CHECK(same);
+            passed += same;
+            ++total;
+        }
+        MESSAGE(family << " as a GGUF \"" << converted.vocab.model_name << "\" vocabulary: " << passed << " of " << total
+                       << " cases match");
+    }
+}
+
 TEST_CASE("hostile tokenizer.json: token ids that are negative, huge or past an int are refused by name") {
     test::TempDir dir("hostile-json");
     auto with_added_id = [&](const std::string& id) {

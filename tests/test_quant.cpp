@@ -139,6 +139,16 @@ TEST_CASE("infer generate, logits and tokenize run a quantized GGUF") {
     test::ProgramRun logits = test::run_infer({"logits", "-m", file, "--tokens", "1,5,9", "--out", (dir / "l.f32").string()});
     CHECK(logits.exit_code == 0);
     CHECK(test::read_floats(dir / "l.f32").size() == 3 * 512);
+    // infer quantize takes a Hugging Face folder too, and says what the file could not keep.
+    const std::string folder = (test::shared_dir() / "fixtures/arch/qwen2").string(), out = (dir / "qwen2.gguf").string();
+    test::ProgramRun quantized = test::run_infer({"quantize", "-m", folder, "-o", out, "--type", "Q8_0"});
+    CHECK(quantized.exit_code == 0);
+    CHECK(quantized.err.find("note: " + folder + ": no tokenizer.json") != std::string::npos);
+    CHECK(quantized.err.find("wrote " + out) != std::string::npos);
+    CHECK(infer::load_model(out).layers[0].wq.dtype == infer::DType::Q8_0);
+    test::ProgramRun missing = test::run_infer({"quantize", "-m", (dir / "absent").string(), "-o", out, "--type", "Q8_0"});
+    CHECK(missing.exit_code != 0);
+    CHECK(missing.err.find("absent: no such file or folder") != std::string::npos);
 }
 
 // The formats without a fixture, checked against a second reading of their layout: each weight located on its own
@@ -253,6 +263,120 @@ TEST_CASE("quantize: Q8_0, Q4_0, Q4_1 are byte-identical to llama-quantize's fil
             REQUIRE(ours.metadata.count(key) == 1);
             CHECK(ours.metadata.at(key).value == value.value);
             CHECK(ours.metadata.at(key).type == value.type);
+        }
+    }
+}
+
+namespace {
+
+// Every tensor of `theirs` is in `ours` with the same type, shape and bytes (`tolerance` > 0: the same values within it
+// relative, for tensors computed in floating point such as rope_freqs), and `ours` holds no other.
+void check_same_tensors(const infer::GgufFile& ours, const infer::GgufFile& theirs, double tolerance = 0) {
+    CHECK(ours.tensors.size() == theirs.tensors.size());
+    for (const auto& [name, reference] : theirs.tensors) {
+        CAPTURE(name);
+        REQUIRE(ours.tensors.count(name) == 1);
+        const infer::Tensor& t = ours.tensors.at(name);
+        CHECK(infer::dtype_name(t.dtype) == std::string(infer::dtype_name(reference.dtype)));
+        CHECK(t.shape == reference.shape);
+        REQUIRE(t.bytes() == reference.bytes());
+        if (tolerance > 0 && name == "rope_freqs.weight") {
+            for (int64_t i = 0; i < t.elements(); ++i) CHECK(std::fabs(t.at(i) - reference.at(i)) <= tolerance * std::fabs(reference.at(i)));
+        } else {
+            CHECK(std::memcmp(t.data, reference.data, t.bytes()) == 0);
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("quantize from a Hugging Face folder: Q8_0, Q4_0, Q4_1 of its safetensors are byte-identical to llama-quantize's files") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("quantize-folder");
+    const auto folder = test::shared_dir() / "fixtures/quant/F32";  // config.json and model.safetensors beside the GGUF
+    for (const std::string type : {"Q8_0", "Q4_0", "Q4_1"}) {
+        CAPTURE(type);
+        infer::QuantizeOptions options;
+        options.type = type;
+        options.pure = true;
+        const infer::QuantizeReport report = infer::quantize_model(folder, dir / (type + ".gguf"), options);
+        REQUIRE(report.notes.size() == 1);  // the fixture has no tokenizer.json
+        CHECK(report.notes[0].find("no tokenizer.json") != std::string::npos);
+        // Same bytes for every tensor: the names, the order of a Llama's q and k rows, the blocks.
+        check_same_tensors(infer::read_gguf(dir / (type + ".gguf")), infer::read_gguf(quant_fixture(type)));
+    }
+}
+
+TEST_CASE("quantize from a Hugging Face folder: every architecture fixture is llama.cpp's converted file, tensor for tensor, and runs to its logits") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("convert-folder");
+    for (const std::string family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"}) {
+        CAPTURE(family);
+        const auto folder = test::shared_dir() / "fixtures/arch" / family;
+        infer::QuantizeOptions options;
+        options.type = "F32";
+        const auto out = dir / (family + ".gguf");
+        infer::quantize_model(folder, out, options);
+        const infer::GgufFile ours = infer::read_gguf(out), theirs = infer::read_gguf(folder / "model.gguf");
+        check_same_tensors(ours, theirs, 1e-6);
+        // The hyperparameters llama.cpp reads, under the same keys and values.
+        const std::string arch = theirs.string_or("general.architecture", "");
+        CHECK(ours.string_or("general.architecture", "") == arch);
+        for (const char* key : {"block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                                "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon"}) {
+            CAPTURE(key);
+            REQUIRE(theirs.find(arch + "." + key));
+            REQUIRE(ours.find(arch + "." + key));
+            CHECK(ours.number_or(arch + "." + key, -1) == doctest::Approx(theirs.number_or(arch + "." + key, -2)).epsilon(1e-7));
+        }
+        // And it runs: the folder's reference logits from the converted file.
+        const infer::Model model = infer::load_model(out);
+        const infer::Json manifest = test::read_json(folder / "manifest.json");
+        for (std::string name : {"A", "B"}) {
+            CAPTURE(name);
+            const std::vector<int> ids = test::ids_of(manifest.at("sequences").at(name).at("ids"));
+            CHECK(difference(prefill_logits(model, ids), test::read_floats(folder / ("logits_" + name + ".f32"))).max_abs < 1e-4);
+        }
+    }
+}
+
+TEST_CASE("quantize from a folder with a tokenizer.json: the GGUF carries its vocabulary and encodes text as the folder does") {
+    REQUIRE_SHARED_OR_SKIP();
+    test::TempDir dir("convert-tokenizer");
+    // A SentencePiece-style and a byte-level tokenizer, each beside random weights of a matching vocabulary (Qwen3's
+    // padded past its last token, as real checkpoints are).
+    for (const std::string family : {"llama2", "qwen3"}) {
+        CAPTURE(family);
+        const auto tokenizers = test::shared_dir() / "tokenizers" / family;
+        infer::ModelShape shape;
+        shape.dim = 32;
+        shape.n_layers = 1;
+        shape.n_heads = shape.n_kv_heads = 2;
+        shape.ffn_dim = 64;
+        shape.context_length = 256;
+        shape.vocab_size = family == "llama2" ? 32000 : 151680;
+        const auto folder = dir / family;
+        infer::save_random_model(folder, shape, infer::DType::F32, 3);
+        for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+            std::filesystem::copy_file(tokenizers / file, folder / file);
+        infer::QuantizeOptions options;
+        options.type = "Q8_0";
+        const auto out = dir / (family + ".gguf");
+        const infer::QuantizeReport report = infer::quantize_model(folder, out, options);
+        CHECK(report.notes.size() == (family == "qwen3" ? 1u : 0u));  // Qwen's NFC normalizer is not stored
+        const infer::Model model = infer::load_model(out);
+        REQUIRE(static_cast<int>(model.vocab.pieces.size()) == shape.vocab_size);
+        CHECK(model.vocab.types.back() == (family == "qwen3" ? infer::Vocabulary::Type::Unused : infer::Vocabulary::Type::Normal));
+        const infer::Tokenizer converted = infer::tokenizer_for(model);
+        const infer::Tokenizer reference = infer::load_tokenizer(tokenizers);
+        // BOS: the tokenizer's; Qwen's has none, and the file takes config.json's id, as llama.cpp's converter does (never
+        // added to a prompt: add_bos_token is false).
+        if (family == "llama2") CHECK(converted.bos_token() == reference.bos_token());
+        CHECK(converted.chat_template() == reference.chat_template());
+        for (const std::string text : {"Hello, world!", "  two spaces, a tab\tand a newline\n", "числа 12345 and ÿ", "<s>x</s>",
+                                        "<|im_start|>user\nhi<|im_end|>"}) {
+            CAPTURE(text);
+            CHECK(converted.encode(text, true) == reference.encode(text, true));
         }
     }
 }

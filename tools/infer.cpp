@@ -21,8 +21,8 @@
 //   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
 //   infer make-model -o DIR|FILE.gguf [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
 //                    [--dtype f32|bf16|f16] [--seed S] [--tied]
-//   infer quantize -m IN.gguf -o OUT.gguf --type Q8_0|Q4_0|Q4_K_M|...  [--pure] [-t THREADS]
-//                                               a float GGUF rewritten with quantized matrices (appendix I)
+//   infer quantize -m MODEL -o OUT.gguf --type Q8_0|Q4_0|Q4_K_M|...  [--pure] [-t THREADS]
+//                                               a Hugging Face folder or a float GGUF written as a quantized GGUF (appendix I)
 //   infer pull ORG/NAME[:QUANT|/FILE]           from the Hugging Face hub into its cache (hub.cpp); -m hf:... and
 //                                               -hf/-hff pull the same way for every command that takes a model
 //
@@ -76,8 +76,9 @@ const char* usage_text = R"(usage:
   infer bench roofline -m PATH                  memory bandwidth, peak FLOP/s, and the model's passes under them
   infer make-model -o DIR|FILE.gguf [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]
                    [--context C] [--dtype f32|bf16|f16] [--seed S] [--tied]
-  infer quantize -m IN.gguf -o OUT.gguf --type TYPE [--pure] [-t THREADS]
-                                                IN's matrices quantized; TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
+  infer quantize -m MODEL -o OUT.gguf --type TYPE [--pure] [-t THREADS]
+                                                MODEL (a Hugging Face folder or a float GGUF) as a GGUF with
+                                                its matrices quantized; TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
                                                 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K
                                                 (--pure: no per-tensor exceptions)
   infer pull ORG/NAME[:QUANT|/FILE]             downloads from the Hugging Face hub into its cache, prints the path
@@ -670,14 +671,13 @@ int run_make_model(const CommandLine& options) {
     return 0;
 }
 
-// A float GGUF to a quantized one, with a progress line on stderr (rewritten in place on a terminal).
+// A Hugging Face folder or a float GGUF to a quantized GGUF, with a progress line on stderr (rewritten in place on a
+// terminal) and a note for whatever the output could not keep.
 int run_quantize(const CommandLine& options) {
     if (!options.has("-m") || !options.has("-o") || !options.has("--type"))
-        infer::fail("infer quantize needs -m IN.gguf -o OUT.gguf --type TYPE (e.g. Q4_K_M)");
+        infer::fail("infer quantize needs -m MODEL -o OUT.gguf --type TYPE (e.g. Q4_K_M); MODEL: a Hugging Face folder or a float GGUF");
     const std::filesystem::path in = options.text("-m"), out = options.text("-o");
-    if (std::filesystem::is_directory(in))
-        infer::fail(in.string(), ": infer quantize reads a GGUF file (F32, F16 or BF16 weights); a Hugging Face folder ",
-                    "must be converted to GGUF first");
+    if (!std::filesystem::exists(in)) infer::fail(in.string(), ": no such file or folder");
     infer::ThreadPool pool(thread_count(options));
     infer::QuantizeOptions quantize;
     quantize.type = options.text("--type");
@@ -691,7 +691,8 @@ int run_quantize(const CommandLine& options) {
                      done, total, static_cast<double>(bytes) / 1e6, name.c_str(), terminal && done < total ? "" : "\n");
     };
     infer::Stopwatch clock;
-    const infer::QuantizeReport report = infer::quantize_gguf(in, out, quantize);
+    const infer::QuantizeReport report = infer::quantize_model(in, out, quantize);
+    for (const std::string& note : report.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::string types;
     for (const auto& [type, count] : report.tensors_by_type) types += (types.empty() ? "" : ", ") + std::to_string(count) + " " + type;
     std::fprintf(stderr, "wrote %s: %.1f MB from %.1f MB (%.2fx smaller) in %.1f s; tensors: %s\n", out.c_str(),
