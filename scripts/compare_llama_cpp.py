@@ -3,6 +3,7 @@
 
     scripts/compare_llama_cpp.py --llama-bench PATH/llama-bench [--infer build/infer] [-t 2] [-p 128[,512...]] \
         [-n 64] [-r 3] MODEL.gguf [MODEL.gguf ...]
+    scripts/compare_llama_cpp.py --node-llama-cpp DIR ...    (llama.cpp through its Node binding, see below)
 
 For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
 tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
@@ -10,10 +11,13 @@ prompt of P token ids with N tokens generated, greedy, end-of-sequence ignored, 
 the clock starts (--no-mmap: no page faults inside the prefill, as llama-bench's warm-up ensures), R times, keeping
 infer's best run. It prints one table: tokens/s of each engine and infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run, so
 the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
-give the path of its llama-bench.
+give the path of its llama-bench. Where it cannot be built, --node-llama-cpp DIR measures the llama.cpp that the
+node-llama-cpp package ships prebuilt (run `npm install node-llama-cpp` in DIR): scripts/llama_cpp_node_bench.mjs
+times the same prompt ids in one batch, then greedy generation one token at a time, best of R runs.
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +38,19 @@ def llama_bench(binary, model, threads, prompt, generate, repeats):
     if not prefill or not decode:
         sys.exit(f"llama-bench's JSON has no pp{prompt} or tg{generate} record for {model}")
     return prefill[0], decode[0]
+
+
+def node_llama_cpp(folder, model, threads, prompt, generate, repeats):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_cpp_node_bench.mjs")
+    command = ["node", script, folder, model, str(prompt), str(generate), str(threads), str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    try:
+        record = json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as error:
+        sys.exit(f"llama_cpp_node_bench.mjs printed no JSON ({error}); its output began: {done.stdout[:200]!r}")
+    return record["prefill_tokens_per_second"], record["decode_tokens_per_second"]
 
 
 def infer_generate(binary, model, threads, prompt, generate, repeats):
@@ -57,7 +74,9 @@ def infer_generate(binary, model, threads, prompt, generate, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", metavar="MODEL.gguf")
-    parser.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
+    baseline = parser.add_mutually_exclusive_group(required=True)
+    baseline.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
+    baseline.add_argument("--node-llama-cpp", metavar="DIR", help="a folder where `npm install node-llama-cpp` was run")
     parser.add_argument("--infer", default="build/infer", help="path of the infer program (default: build/infer)")
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("-p", "--prompt", default="128", help="prompt tokens (llama-bench's pp), a comma-separated list")
@@ -79,7 +98,11 @@ def main():
     print("-" * len(header))
     for model in options.models:
         for prompt in prompts:
-            theirs = llama_bench(options.llama_bench, model, options.threads, prompt, options.generate, options.repeats)
+            if options.llama_bench:
+                theirs = llama_bench(options.llama_bench, model, options.threads, prompt, options.generate, options.repeats)
+            else:
+                theirs = node_llama_cpp(options.node_llama_cpp, model, options.threads, prompt, options.generate,
+                                        options.repeats)
             ours = infer_generate(options.infer, model, options.threads, prompt, options.generate, options.repeats)
             name = model if len(model) <= 40 else "..." + model[-37:]
             print(f"{name:40} {prompt:6} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
