@@ -2406,8 +2406,6 @@ inline void rms_norm(const float* x, const Tensor& gain, size_t width, double ep
     for (size_t i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
 }
 
-// The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
-// Low frequencies (long wavelengths) carry position over long distances; scaling them stretches a model's context.
 // What each RoPE frequency is divided by under the config's scaling: 1 without, `factor` for linear; Llama 3
 // stretches long wavelengths by `factor`, keeps short ones, and blends the band between smoothly. (GGUF files carry
 // Llama 3's divisors as the rope_freqs tensor.)
@@ -2434,6 +2432,8 @@ inline std::vector<double> rope_frequency_divisors(const ModelConfig& c) {
     return divisors;
 }
 
+// The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
+// Low frequencies (long wavelengths) carry position over long distances; scaling them stretches a model's context.
 inline std::vector<double> rope_inverse_frequencies(const Model& model) {
     const ModelConfig& c = model.config;
     const int half = c.head_dim / 2;
@@ -5338,12 +5338,11 @@ inline float f16_to_f32(uint16_t half) {
     uint32_t exponent = (half >> 10) & 0x1F;
     uint32_t mantissa = half & 0x3FF;
     if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
-    if (exponent == 0) {
-        if (mantissa == 0) return std::bit_cast<float>(sign);
-        float subnormal = std::ldexp(static_cast<float>(mantissa), -24);
-        return sign ? -subnormal : subnormal;
-    }
-    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+    if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+    // Zero and the subnormals: mantissa · 2^-24, exact in f32 (a multiply, so the whole function stays small enough to
+    // inline: the block decoders call it once per block).
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
 }
 
 inline uint16_t f32_to_f16(float value) {
@@ -7953,6 +7952,32 @@ template <DType dtype, int C>
     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
     return _mm_cvtsi128_si32(sum);
 }
+
+// The dot of each of `blocks` consecutive 32-value blocks: out[j] = Σ a[32j + i]·b[32j + i]. Eight blocks at a time
+// leave eight vectors of eight partial sums, and one tree of horizontal adds turns them into the eight block sums in
+// order: three instructions per block where dot_i8_avx2 spends a reduction on each.
+// Eight int32 partial sums of one block's 32 products (|a|·sign(b, a) as unsigned × signed bytes, pairs added in 16
+// bits, which cannot overflow: |a| ≤ 128 and |b| ≤ 127).
+[[gnu::target("avx2,fma,f16c")]] inline __m256i block_partial_avx2(const int8_t* a, const int8_t* b) {
+    const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va)), _mm256_set1_epi16(1));
+}
+
+[[gnu::target("avx2,fma,f16c")]] inline void block_sums_avx2(const int8_t* a, const int8_t* b, int blocks, int32_t* out) {
+    int j = 0;
+    for (; j + 8 <= blocks; j += 8) {
+        const int8_t *x = a + 32 * j, *y = b + 32 * j;
+        const __m256i h01 = _mm256_hadd_epi32(block_partial_avx2(x, y), block_partial_avx2(x + 32, y + 32));
+        const __m256i h23 = _mm256_hadd_epi32(block_partial_avx2(x + 64, y + 64), block_partial_avx2(x + 96, y + 96));
+        const __m256i h45 = _mm256_hadd_epi32(block_partial_avx2(x + 128, y + 128), block_partial_avx2(x + 160, y + 160));
+        const __m256i h67 = _mm256_hadd_epi32(block_partial_avx2(x + 192, y + 192), block_partial_avx2(x + 224, y + 224));
+        const __m256i low = _mm256_hadd_epi32(h01, h23), high = _mm256_hadd_epi32(h45, h67);  // halves of blocks 0-3, 4-7
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), sums);
+    }
+    for (; j < blocks; ++j) out[j] = dot_i8_avx2(a + 32 * j, b + 32 * j, 32);
+}
 #endif
 
 }  // namespace detail
@@ -8368,6 +8393,11 @@ inline int32_t dot_i8_portable(const int8_t* a, const int8_t* b, int n) {
     return sum;
 }
 
+// The dot of each of `blocks` consecutive 32-value blocks (block_sums_avx2 is its twin).
+inline void block_sums_portable(const int8_t* a, const int8_t* b, int blocks, int32_t* out) {
+    for (int j = 0; j < blocks; ++j) out[j] = dot_i8_portable(a + 32 * j, b + 32 * j, 32);
+}
+
 // One weight row unpacked for the integer dot: its q as int8 (Q4_0 and Q6_K with their offsets removed), the f16
 // scales widened to f32, and the K-quants' 6- or 8-bit sub-block scales and minimums as integers.
 struct UnpackedRow {
@@ -8392,24 +8422,34 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
             u.d[b] = f16_at(row);
             std::memcpy(q, row + 2, 32);
         } else if (dtype == DType::Q4_0) {
+            // Eight nibbles at a time in a 64-bit word: q = nibble − 8 is (nibble + 0x78) ^ 0x80 in each byte (the add
+            // cannot carry into the next byte, and the xor takes 0x80 away or adds it, which is −8 modulo 256 either way).
             u.d[b] = f16_at(row);
-            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + 2);
-            for (int k = 0; k < 16; ++k) {
-                q[k] = static_cast<int8_t>((qs[k] & 0x0F) - 8);
-                q[k + 16] = static_cast<int8_t>((qs[k] >> 4) - 8);
+            constexpr uint64_t low_nibbles = 0x0F0F0F0F0F0F0F0Full, bias = 0x7878787878787878ull, top = 0x8080808080808080ull;
+            for (int half = 0; half < 2; ++half) {
+                uint64_t packed;
+                std::memcpy(&packed, row + 2 + 8 * half, 8);
+                const uint64_t first = ((packed & low_nibbles) + bias) ^ top, second = (((packed >> 4) & low_nibbles) + bias) ^ top;
+                std::memcpy(q + 8 * half, &first, 8);        // weights 8·half … from the low nibbles
+                std::memcpy(q + 16 + 8 * half, &second, 8);  // weights 16 + 8·half … from the high nibbles
             }
-        } else if (dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1) {  // dequantize_q45_0_1's layout
-            const bool with_min = dtype != DType::Q5_0, five_bits = dtype != DType::Q4_1;
+        } else if (dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1) {
+            // dequantize_q45_0_1's layout.
+            const bool with_min = dtype == DType::Q4_1 || dtype == DType::Q5_1;
+            const bool five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
             u.d[b] = f16_at(row);
             if (with_min) u.dmin[b] = f16_at(row + 2);  // the minimum m, added once per weight: m · Σ x
             uint32_t qh = 0;
             if (five_bits) std::memcpy(&qh, row + (with_min ? 4 : 2), 4);
-            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + (with_min ? 4 : 2) + (five_bits ? 4 : 0));
+            uint8_t packed[16];
+            std::memcpy(packed, row + (with_min ? 4 : 2) + (five_bits ? 4 : 0), 16);
             const int offset = with_min ? 0 : 16;
+            int8_t values[32];
             for (int k = 0; k < 16; ++k) {
-                q[k] = static_cast<int8_t>(((qs[k] & 0x0F) | ((qh >> k) & 1) << 4) - offset);
-                q[k + 16] = static_cast<int8_t>(((qs[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
+                values[k] = static_cast<int8_t>(((packed[k] & 0x0F) | ((qh >> k) & 1) << 4) - offset);
+                values[k + 16] = static_cast<int8_t>(((packed[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
             }
+            std::memcpy(q, values, 32);
         } else if (dtype == DType::Q2_K || dtype == DType::Q3_K) {  // dequantize_q2_k's and dequantize_q3_k's layouts
             const bool three_bits = dtype == DType::Q3_K;
             const std::byte* qs = row + (three_bits ? 32 : 16);
@@ -8434,16 +8474,20 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
             // The layout of dequantize_q6_k, a half (h) of 128 weights at a time, so the loop over l vectorizes: the
             // four groups of 32 take the low and high nibbles of ql[64h + l] and ql[64h + 32 + l], and two bits each of
             // qh[32h + l].
-            const uint8_t* ql = reinterpret_cast<const uint8_t*>(row);
-            const uint8_t* qh = reinterpret_cast<const uint8_t*>(row + 128);
+            // Through local arrays, which the compiler may vectorize (it cannot while `q` might overlap the row).
+            uint8_t ql[128], qh[64];
+            std::memcpy(ql, row, 128);
+            std::memcpy(qh, row + 128, 64);
+            int8_t values[256];
             for (int h = 0; h < 2; ++h)
                 for (int l = 0; l < 32; ++l) {
                     const int first = ql[64 * h + l], second = ql[64 * h + 32 + l], high = qh[32 * h + l];
-                    q[128 * h + l] = static_cast<int8_t>(((first & 0x0F) | (high & 3) << 4) - 32);
-                    q[128 * h + 32 + l] = static_cast<int8_t>(((second & 0x0F) | ((high >> 2) & 3) << 4) - 32);
-                    q[128 * h + 64 + l] = static_cast<int8_t>(((first >> 4) | ((high >> 4) & 3) << 4) - 32);
-                    q[128 * h + 96 + l] = static_cast<int8_t>(((second >> 4) | ((high >> 6) & 3) << 4) - 32);
+                    values[128 * h + l] = static_cast<int8_t>(((first & 0x0F) | (high & 3) << 4) - 32);
+                    values[128 * h + 32 + l] = static_cast<int8_t>(((second & 0x0F) | ((high >> 2) & 3) << 4) - 32);
+                    values[128 * h + 64 + l] = static_cast<int8_t>(((first >> 4) | ((high >> 4) & 3) << 4) - 32);
+                    values[128 * h + 96 + l] = static_cast<int8_t>(((second >> 4) | ((high >> 6) & 3) << 4) - 32);
                 }
+            std::memcpy(q, values, 256);
         } else {  // Q4_K, Q5_K: the layout of dequantize_q45_k
             const bool five_bits = dtype == DType::Q5_K;
             u.d[b] = f16_at(row);
@@ -8468,19 +8512,31 @@ inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow&
 //   Q4_K, Q5_K:  Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 32)
 //   Q3_K, Q6_K:  Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
 //   Q2_K:        Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 16)
-template <int32_t (*dot_i8)(const int8_t*, const int8_t*, int)>
+// The integer sums of 32-value blocks are computed ahead of the float steps, a chunk of blocks at a time (they do not
+// depend on them), so the block sums vectorize and only the float sum runs block after block.
+template <int32_t (*dot_i8)(const int8_t*, const int8_t*, int), void (*block_sums)(const int8_t*, const int8_t*, int, int32_t*)>
 inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows& x, size_t K, int t) {
     const int8_t* xq = x.q.data() + static_cast<size_t>(t) * K;
     const size_t blocks = K / static_cast<size_t>(x.block);
     const float* xd = x.d.data() + static_cast<size_t>(t) * blocks;
     float sum = 0.0f;
+    if (x.block == 32) {
+        constexpr size_t chunk = 64;
+        int32_t sums[chunk];
+        for (size_t b0 = 0; b0 < blocks; b0 += chunk) {
+            const size_t count = std::min(chunk, blocks - b0);
+            block_sums(w.q.data() + b0 * 32, xq + b0 * 32, static_cast<int>(count), sums);
+            for (size_t b = b0; b < b0 + count; ++b) {
+                sum += (w.d[b] * xd[b]) * static_cast<float>(sums[b - b0]);
+                if (dtype == DType::Q4_1 || dtype == DType::Q5_1) sum += w.dmin[b] * x.s[static_cast<size_t>(t) * blocks + b];
+            }
+        }
+        return sum;
+    }
     for (size_t b = 0; b < blocks; ++b) {
         const int8_t* wq = w.q.data() + b * static_cast<size_t>(x.block);
         const int8_t* bq = xq + b * static_cast<size_t>(x.block);
-        if (x.block == 32) {
-            sum += (w.d[b] * xd[b]) * static_cast<float>(dot_i8(wq, bq, 32));
-            if (dtype == DType::Q4_1 || dtype == DType::Q5_1) sum += w.dmin[b] * x.s[static_cast<size_t>(t) * blocks + b];
-        } else if (dtype == DType::Q6_K || dtype == DType::Q3_K) {
+        if (dtype == DType::Q6_K || dtype == DType::Q3_K) {
             int32_t scaled = 0;
             for (int j = 0; j < 16; ++j) scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
             sum += xd[b] * (w.d[b] * static_cast<float>(scaled));
@@ -8494,9 +8550,11 @@ inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows
             sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
         } else {
             const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
+            int32_t sub_block_sums[8];
+            block_sums(wq, bq, 8, sub_block_sums);
             int32_t scaled = 0, mins = 0;
             for (int j = 0; j < 8; ++j) {
-                scaled += w.scale[b * 8 + static_cast<size_t>(j)] * dot_i8(wq + 32 * j, bq + 32 * j, 32);
+                scaled += w.scale[b * 8 + static_cast<size_t>(j)] * sub_block_sums[j];
                 mins += w.min[b * 8 + static_cast<size_t>(j)] * (sums[2 * j] + sums[2 * j + 1]);
             }
             sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
@@ -8509,7 +8567,7 @@ inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows
 // The same arithmetic compiled for AVX2, with its integer dot inlined (flatten): one call per row and token.
 [[gnu::target("avx2,fma,f16c"), gnu::flatten]] inline float dot_unpacked_avx2(DType dtype, const UnpackedRow& w,
                                                                                const QuantizedRows& x, size_t K, int t) {
-    return dot_unpacked<dot_i8_avx2>(dtype, w, x, K, t);
+    return dot_unpacked<dot_i8_avx2, block_sums_avx2>(dtype, w, x, K, t);
 }
 #endif
 
@@ -8517,7 +8575,7 @@ inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const Quantize
                                 size_t row_end) {
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t row_bytes = static_cast<size_t>(dtype_bytes(w.dtype, static_cast<int64_t>(K)));
-    auto dot = dot_unpacked<dot_i8_portable>;
+    auto dot = dot_unpacked<dot_i8_portable, block_sums_portable>;
 #ifdef INFER_X86_KERNELS
     if (path != CpuKernels::Portable) dot = dot_unpacked_avx2;  // AVX-512 machines run the AVX2 integer dot too
 #endif
@@ -8535,8 +8593,8 @@ inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const Quantize
 // with its matrices in blocks. Each encoder is the inverse of a decoder of appendix H. Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
 // follow llama.cpp's reference rounding step for step, so their bytes are identical to llama-quantize's for the same
 // input; the K-quants search each sub-block's scale and minimum by least squares over a few candidate grids (their own
-// search, judged by the error it leaves). A recipe such as Q4_K_M gives a few sensitive matrices more bits. Cost: one pass over the weights, a few dozen
-// operations per weight for the K-quants' search; a 1B model takes seconds per thread.
+// search, judged by the error it leaves). A recipe such as Q4_K_M gives a few sensitive matrices more bits. Cost: one
+// pass over the weights, a few dozen operations per weight for the K-quants' search; a 1B model takes seconds per thread.
 
 namespace detail {
 
