@@ -9143,7 +9143,7 @@ inline QuantizeReport quantize_hugging_face(const std::filesystem::path& folder,
     const std::string a = name + ".";
     std::map<std::string, GgufValue> metadata = {
         {"general.architecture", text(name)},
-        {"general.name", text(std::filesystem::absolute(folder).lexically_normal().filename().string())},
+        {"general.name", text(std::filesystem::absolute(folder / ".").lexically_normal().parent_path().filename().string())},
         {a + "block_count", integer(c.n_layers)},
         {a + "context_length", integer(c.context_length)},
         {a + "embedding_length", integer(c.dim)},
