@@ -7768,10 +7768,7 @@ inline ConvertedVocabulary vocabulary_from_tokenizer_json(const std::filesystem:
     // BOS and EOS: tokenizer_config.json's tokens and add_bos_token; without the flag, a post-processor that starts
     // every sequence with a special token adds BOS.
     auto config_id = [&](std::string_view key) {
-        const Json* value = config ? config->find(key) : nullptr;
-        std::string token = value && value->is_string() ? value->as_string() : "";
-        if (value && value->is_object())
-            if (const Json* content = value->find("content"); content && content->is_string()) token = content->as_string();
+        const std::string token = config ? detail::TokenizerBuilder::config_token(*config, key) : "";
         auto found = id_of.find(token);
         return token.empty() || found == id_of.end() ? -1 : found->second;
     };
