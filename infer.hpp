@@ -936,6 +936,11 @@ inline constexpr TensorNames gguf_names{
     "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
     "ffn_up.weight", "ffn_down.weight"};
 
+// The per-layer names, in the order of LayerWeights::tensors().
+inline std::array<const char*, 14> layer_tensor_names(const TensorNames& n) {
+    return {n.attn_norm, n.wq, n.wk, n.wv, n.wo, n.bq, n.bk, n.bv, n.q_norm, n.k_norm, n.ffn_norm, n.w_gate, n.w_up, n.w_down};
+}
+
 // A tensor's name in one format spelled in another ("model.layers.3.mlp.up_proj.weight" → "blk.3.ffn_up.weight"), for
 // the programs that write files; a name neither table knows comes back unchanged.
 inline std::string renamed_tensor(const std::string& name, const TensorNames& from, const TensorNames& to) {
@@ -9221,20 +9226,12 @@ inline QuantizeReport quantize_hugging_face(const std::filesystem::path& folder,
                 sources.push_back({prefix + field, &copy, {}});
             }
         };
-        add(n.attn_norm, w.attn_norm);
-        add(n.wq, w.wq, true);
-        add(n.wk, w.wk, true);
-        add(n.wv, w.wv);
-        add(n.wo, w.wo);
-        add(n.bq, w.bq, true);
-        add(n.bk, w.bk, true);
-        add(n.bv, w.bv);
-        add(n.q_norm, w.q_norm);
-        add(n.k_norm, w.k_norm);
-        add(n.ffn_norm, w.ffn_norm);
-        add(n.w_gate, w.w_gate);
-        add(n.w_up, w.w_up);
-        add(n.w_down, w.w_down);
+        const std::vector<const Tensor*> tensors = w.tensors();
+        const auto names = detail::layer_tensor_names(n);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+            const Tensor* t = tensors[i];
+            add(names[i], *t, t == &w.wq || t == &w.wk || t == &w.bq || t == &w.bk);  // the rows RoPE rotates
+        }
     }
     sources.push_back({n.final_norm, &model.final_norm, {}});
     if (!c.tied_embeddings) sources.push_back({n.lm_head, &model.lm_head, {}});
