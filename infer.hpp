@@ -2188,11 +2188,16 @@ inline float weight_at(const std::byte* row, size_t k) {
     }
 }
 
-// The fixed tree that folds sixteen lanes into one sum: lanes l and l + 8 first, then pairs four apart, two, one.
+// The fixed tree that folds eight lanes into one sum: pairs four apart, then two, then one (AVX2's horizontal_sum).
+inline float fold_eight(const float* lanes) {
+    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+// Sixteen lanes: lanes l and l + 8 first, then the tree above.
 inline float fold_lanes(const float* lanes) {
     float half[8];
     for (int lane = 0; lane < 8; ++lane) half[lane] = lanes[lane] + lanes[lane + 8];
-    return ((half[0] + half[4]) + (half[2] + half[6])) + ((half[1] + half[5]) + (half[3] + half[7]));
+    return fold_eight(half);
 }
 
 // The row's last K % 16 columns, in order, added to the folded sum.
@@ -2313,10 +2318,10 @@ inline void add_weighted_rows(float* acc, const float* rows, size_t row_stride, 
 inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const float* x, int T, float* out, size_t row_begin,
                                     size_t row_end);
 
-// Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights take the integer path instead, as llama.cpp does: the activations are
+// The block types with an integer kernel take the integer path instead, as llama.cpp does: the activations are
 // quantized once per call to 8-bit blocks with a scale each (QuantizedRows), every block product is an exact integer
-// dot of int8 values, and only the scales are applied in f32, one block at a time in a fixed order, so batch invariance
-// holds here too. Fewer bytes per weight and 32 multiply-adds per instruction: appendix H.
+// dot of int8 values kept in eight lanes, and only the scales are applied in f32, block after block in a fixed order,
+// so batch invariance holds here too. Fewer bytes per weight and 32 multiply-adds per instruction: appendix H.
 //
 // Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
 // f16) for Q8_0, Q4_0 and Q5_0 weights, with Q8_1's s = f16(d·Σq) beside it for Q4_1 and Q5_1 (their minimum
@@ -7929,57 +7934,6 @@ template <DType dtype, int C>
         for (int j = 0; j < count; ++j) acc[d] = std::fma(weights[j], rows[j * row_stride + d], acc[d]);
 }
 
-// dot_i8_portable with 32 pairs per instruction: maddubs takes an unsigned and a signed operand, so a's sign moves
-// onto b. Integer sums are exact, so the order does not matter here.
-[[gnu::target("avx2,fma,f16c")]] inline int32_t dot_i8_avx2(const int8_t* a, const int8_t* b, int n) {
-    __m128i sum = _mm_setzero_si128();
-    int i = 0;
-    if (n >= 32) {
-        __m256i acc = _mm256_setzero_si256();
-        for (; i + 32 <= n; i += 32) {
-            const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
-            const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i));
-            const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-        }
-        sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    }
-    for (; i + 16 <= n; i += 16) {
-        const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
-        const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
-        const __m128i pairs = _mm_maddubs_epi16(_mm_sign_epi8(va, va), _mm_sign_epi8(vb, va));
-        sum = _mm_add_epi32(sum, _mm_madd_epi16(pairs, _mm_set1_epi16(1)));
-    }
-    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
-    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
-    return _mm_cvtsi128_si32(sum);
-}
-
-// The dot of each of `blocks` consecutive 32-value blocks: out[j] = Σ a[32j + i]·b[32j + i]. Eight blocks at a time
-// leave eight vectors of eight partial sums, and one tree of horizontal adds turns them into the eight block sums in
-// order: three instructions per block where dot_i8_avx2 spends a reduction on each.
-// Eight int32 partial sums of one block's 32 products (|a|·sign(b, a) as unsigned × signed bytes, pairs added in 16
-// bits, which cannot overflow: |a| ≤ 128 and |b| ≤ 127).
-[[gnu::target("avx2,fma,f16c")]] inline __m256i block_partial_avx2(const int8_t* a, const int8_t* b) {
-    const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-    const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va)), _mm256_set1_epi16(1));
-}
-
-[[gnu::target("avx2,fma,f16c")]] inline void block_sums_avx2(const int8_t* a, const int8_t* b, int blocks, int32_t* out) {
-    int j = 0;
-    for (; j + 8 <= blocks; j += 8) {
-        const int8_t *x = a + 32 * j, *y = b + 32 * j;
-        const __m256i h01 = _mm256_hadd_epi32(block_partial_avx2(x, y), block_partial_avx2(x + 32, y + 32));
-        const __m256i h23 = _mm256_hadd_epi32(block_partial_avx2(x + 64, y + 64), block_partial_avx2(x + 96, y + 96));
-        const __m256i h45 = _mm256_hadd_epi32(block_partial_avx2(x + 128, y + 128), block_partial_avx2(x + 160, y + 160));
-        const __m256i h67 = _mm256_hadd_epi32(block_partial_avx2(x + 192, y + 192), block_partial_avx2(x + 224, y + 224));
-        const __m256i low = _mm256_hadd_epi32(h01, h23), high = _mm256_hadd_epi32(h45, h67);  // halves of blocks 0-3, 4-7
-        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), sums);
-    }
-    for (; j < blocks; ++j) out[j] = dot_i8_avx2(a + 32 * j, b + 32 * j, 32);
-}
 #endif
 
 }  // namespace detail
@@ -8387,205 +8341,371 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
     }
 }
 
-// Σ a[i]·b[i] over n int8 values (n a multiple of 16), in int32: exact, so the AVX2 twin (dot_i8_avx2, appendix F)
-// and this loop agree to the bit.
-inline int32_t dot_i8_portable(const int8_t* a, const int8_t* b, int n) {
-    int32_t sum = 0;
-    for (int i = 0; i < n; ++i) sum += static_cast<int32_t>(a[i]) * static_cast<int32_t>(b[i]);
-    return sum;
-}
+// ---- The integer dot: its definition, which every path computes to the bit -----------------------------------------
+// A weight block is read 32 weights at a time (a chunk: one per Q8_0/Q4_*/Q5_* block, eight per K-quant block) as
+// int8 values in the activations' order, each half of 16 with an integer scale (1 outside the K-quants). Per block,
+// eight integer lanes, lane i holding columns 4i…4i+3 of every chunk times their half's scale:
+//     lane_i = Σ_chunks scale · Σ_{k=4i..4i+3} q_w[k]·q_x[k]                       (exact in int32)
+// then, block after block, eight float sums acc_i = fma(d_w·d_x, lane_i, acc_i) and the minimums in one more:
+//     Q4_1, Q5_1:        offset = fma(m, s_x, offset)                               (s_x = d_x·Σq_x, Q8_1's)
+//     Q2_K, Q4_K, Q5_K:  offset = fma(−dmin·d_x, Σ_g min_g · Σ_{the 16 q_x of g}, offset)
+// and the dot is fold_eight(acc) + offset. The lanes are what AVX2's maddubs and madd leave in a register for 32
+// bytes, so its twin (appendix F) keeps a row's sums in registers from the first block to the last and folds once;
+// every step that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never
+// depends on its batch-mates.
 
-// The dot of each of `blocks` consecutive 32-value blocks (block_sums_avx2 is its twin).
-inline void block_sums_portable(const int8_t* a, const int8_t* b, int blocks, int32_t* out) {
-    for (int j = 0; j < blocks; ++j) out[j] = dot_i8_portable(a + 32 * j, b + 32 * j, 32);
-}
-
-// One weight row unpacked for the integer dot: its q as int8 (Q4_0 and Q6_K with their offsets removed), the f16
-// scales widened to f32, and the K-quants' 6- or 8-bit sub-block scales and minimums as integers.
-struct UnpackedRow {
-    std::vector<int8_t> q;
-    std::vector<float> d, dmin;   // per block (32 weights for Q8_0/Q4_*/Q5_*, 256 for the K-quants); dmin holds the
-                                  // K-quants' dmin and Q4_1/Q5_1's minimum m
-    std::vector<int> scale, min;  // per sub-block (32 weights in Q4_K/Q5_K, 16 in Q6_K)
+// One weight block decoded for the integer dot.
+struct IntegerBlock {
+    int8_t q[256];      // the block's 32 or 256 weights as integers, in the activations' order
+    int16_t scale[16];  // per 16 weights: the K-quants' sub-block scales (1 for the other types)
+    int16_t min[16];    // per 16 weights: the minimums of Q2_K, Q4_K and Q5_K (0 otherwise)
+    float d = 0;        // multiplies the lanes (with d_x)
+    float m = 0;        // Q4_1, Q5_1: the minimum m added to each weight; Q2_K, Q4_K, Q5_K: dmin
 };
 
-inline void unpack_row(DType dtype, const std::byte* row, size_t K, UnpackedRow& u) {
-    const DTypeBlock& block = dtype_block(dtype);
-    const size_t blocks = K / static_cast<size_t>(block.elements);
-    u.q.resize(K);
-    u.d.resize(blocks);
-    u.dmin.resize(blocks);
-    const bool sixteen = dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q6_K;  // sub-blocks of 16
-    u.scale.resize(sixteen ? blocks * 16 : blocks * 8);
-    u.min.resize(u.scale.size());
-    for (size_t b = 0; b < blocks; ++b, row += block.bytes) {
-        int8_t* q = u.q.data() + b * static_cast<size_t>(block.elements);
-        if (dtype == DType::Q8_0) {
-            u.d[b] = f16_at(row);
-            std::memcpy(q, row + 2, 32);
-        } else if (dtype == DType::Q4_0) {
-            // Eight nibbles at a time in a 64-bit word: q = nibble − 8 is (nibble + 0x78) ^ 0x80 in each byte (the add
-            // cannot carry into the next byte, and the xor takes 0x80 away or adds it, which is −8 modulo 256 either way).
-            u.d[b] = f16_at(row);
-            constexpr uint64_t low_nibbles = 0x0F0F0F0F0F0F0F0Full, bias = 0x7878787878787878ull, top = 0x8080808080808080ull;
-            for (int half = 0; half < 2; ++half) {
-                uint64_t packed;
-                std::memcpy(&packed, row + 2 + 8 * half, 8);
-                const uint64_t first = ((packed & low_nibbles) + bias) ^ top, second = (((packed >> 4) & low_nibbles) + bias) ^ top;
-                std::memcpy(q + 8 * half, &first, 8);        // weights 8·half … from the low nibbles
-                std::memcpy(q + 16 + 8 * half, &second, 8);  // weights 16 + 8·half … from the high nibbles
-            }
-        } else if (dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1) {
-            // dequantize_q45_0_1's layout.
-            const bool with_min = dtype == DType::Q4_1 || dtype == DType::Q5_1;
-            const bool five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
-            u.d[b] = f16_at(row);
-            if (with_min) u.dmin[b] = f16_at(row + 2);  // the minimum m, added once per weight: m · Σ x
+inline bool integer_min_per_block(DType dtype) { return dtype == DType::Q4_1 || dtype == DType::Q5_1; }
+inline bool integer_min_per_sub_block(DType dtype) {
+    return dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K;
+}
+
+// The layouts of the decoders above, read into integers instead of floats.
+inline void decode_integer_block(DType dtype, const std::byte* b, IntegerBlock& u) {
+    std::fill(std::begin(u.scale), std::end(u.scale), int16_t{1});
+    std::fill(std::begin(u.min), std::end(u.min), int16_t{0});
+    u.m = 0;
+    int8_t* q = u.q;
+    switch (dtype) {
+        case DType::Q8_0:
+            u.d = f16_at(b);
+            std::memcpy(q, b + 2, 32);
+            return;
+        case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: {
+            const bool with_min = integer_min_per_block(dtype), five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
+            u.d = f16_at(b);
+            if (with_min) u.m = f16_at(b + 2);
             uint32_t qh = 0;
-            if (five_bits) std::memcpy(&qh, row + (with_min ? 4 : 2), 4);
-            uint8_t packed[16];
-            std::memcpy(packed, row + (with_min ? 4 : 2) + (five_bits ? 4 : 0), 16);
-            const int offset = with_min ? 0 : 16;
-            int8_t values[32];
+            if (five_bits) std::memcpy(&qh, b + (with_min ? 4 : 2), 4);
+            const std::byte* qs = b + (with_min ? 4 : 2) + (five_bits ? 4 : 0);
+            const int offset = with_min ? 0 : five_bits ? 16 : 8;
             for (int k = 0; k < 16; ++k) {
-                values[k] = static_cast<int8_t>(((packed[k] & 0x0F) | ((qh >> k) & 1) << 4) - offset);
-                values[k + 16] = static_cast<int8_t>(((packed[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
+                q[k] = static_cast<int8_t>(((byte_at(qs, k) & 0x0F) | ((qh >> k) & 1) << 4) - offset);
+                q[k + 16] = static_cast<int8_t>(((byte_at(qs, k) >> 4) | ((qh >> (k + 16)) & 1) << 4) - offset);
             }
-            std::memcpy(q, values, 32);
-        } else if (dtype == DType::Q2_K || dtype == DType::Q3_K) {  // dequantize_q2_k's and dequantize_q3_k's layouts
+            return;
+        }
+        case DType::Q2_K: case DType::Q3_K: {
             const bool three_bits = dtype == DType::Q3_K;
-            const std::byte* qs = row + (three_bits ? 32 : 16);
-            u.d[b] = f16_at(row + (three_bits ? 108 : 80));
-            if (!three_bits) u.dmin[b] = f16_at(row + 82);
+            const std::byte* qs = b + (three_bits ? 32 : 16);
+            u.d = f16_at(b + (three_bits ? 108 : 80));
+            if (!three_bits) u.m = f16_at(b + 82);
             for (int j = 0; j < 16; ++j) {
                 if (three_bits) {  // 6-bit scales biased by 32: low nibbles in bytes 0–7, top two bits in bytes 8–11
-                    const int low = j < 8 ? byte_at(row + 96, j) & 0x0F : byte_at(row + 96, j - 8) >> 4;
-                    u.scale[b * 16 + static_cast<size_t>(j)] = (low | ((byte_at(row + 104, j % 4) >> (2 * (j / 4))) & 3) << 4) - 32;
+                    const int low = j < 8 ? byte_at(b + 96, j) & 0x0F : byte_at(b + 96, j - 8) >> 4;
+                    u.scale[j] = static_cast<int16_t>((low | ((byte_at(b + 104, j % 4) >> (2 * (j / 4))) & 3) << 4) - 32);
                 } else {
-                    u.scale[b * 16 + static_cast<size_t>(j)] = byte_at(row, j) & 0x0F;
-                    u.min[b * 16 + static_cast<size_t>(j)] = byte_at(row, j) >> 4;
+                    u.scale[j] = static_cast<int16_t>(byte_at(b, j) & 0x0F);
+                    u.min[j] = static_cast<int16_t>(byte_at(b, j) >> 4);
                 }
             }
             for (int e = 0; e < 256; ++e) {
                 const int i = e % 32, low = (byte_at(qs, 32 * (e / 128) + i) >> (2 * ((e % 128) / 32))) & 3;
-                q[e] = static_cast<int8_t>(three_bits ? low - ((byte_at(row, i) >> (e / 32)) & 1 ? 0 : 4) : low);
+                q[e] = static_cast<int8_t>(three_bits ? low - ((byte_at(b, i) >> (e / 32)) & 1 ? 0 : 4) : low);
             }
-        } else if (dtype == DType::Q6_K) {
-            u.d[b] = f16_at(row + 208);
-            for (int i = 0; i < 16; ++i) u.scale[b * 16 + static_cast<size_t>(i)] = static_cast<int8_t>(byte_at(row + 192, i));
-            // The layout of dequantize_q6_k, a half (h) of 128 weights at a time, so the loop over l vectorizes: the
-            // four groups of 32 take the low and high nibbles of ql[64h + l] and ql[64h + 32 + l], and two bits each of
-            // qh[32h + l].
-            // Through local arrays, which the compiler may vectorize (it cannot while `q` might overlap the row).
-            uint8_t ql[128], qh[64];
-            std::memcpy(ql, row, 128);
-            std::memcpy(qh, row + 128, 64);
-            int8_t values[256];
-            for (int h = 0; h < 2; ++h)
-                for (int l = 0; l < 32; ++l) {
-                    const int first = ql[64 * h + l], second = ql[64 * h + 32 + l], high = qh[32 * h + l];
-                    values[128 * h + l] = static_cast<int8_t>(((first & 0x0F) | (high & 3) << 4) - 32);
-                    values[128 * h + 32 + l] = static_cast<int8_t>(((second & 0x0F) | ((high >> 2) & 3) << 4) - 32);
-                    values[128 * h + 64 + l] = static_cast<int8_t>(((first >> 4) | ((high >> 4) & 3) << 4) - 32);
-                    values[128 * h + 96 + l] = static_cast<int8_t>(((second >> 4) | ((high >> 6) & 3) << 4) - 32);
-                }
-            std::memcpy(q, values, 256);
-        } else {  // Q4_K, Q5_K: the layout of dequantize_q45_k
+            return;
+        }
+        case DType::Q4_K: case DType::Q5_K: {
             const bool five_bits = dtype == DType::Q5_K;
-            u.d[b] = f16_at(row);
-            u.dmin[b] = f16_at(row + 2);
-            for (int j = 0; j < 8; ++j) k_scale_min(row + 4, j, u.scale[b * 8 + static_cast<size_t>(j)], u.min[b * 8 + static_cast<size_t>(j)]);
-            const uint8_t* qs = reinterpret_cast<const uint8_t*>(row + (five_bits ? 48 : 16));
-            const uint8_t* qh = reinterpret_cast<const uint8_t*>(row + 16);
+            u.d = f16_at(b);
+            u.m = f16_at(b + 2);
+            for (int j = 0; j < 8; ++j) {
+                int sc, m;
+                k_scale_min(b + 4, j, sc, m);
+                u.scale[2 * j] = u.scale[2 * j + 1] = static_cast<int16_t>(sc);
+                u.min[2 * j] = u.min[2 * j + 1] = static_cast<int16_t>(m);
+            }
+            const std::byte* qs = b + (five_bits ? 48 : 16);
             for (int g = 0; g < 4; ++g)
                 for (int l = 0; l < 32; ++l) {
-                    const int fifth_low = five_bits ? ((qh[l] >> (2 * g)) & 1) << 4 : 0;
-                    const int fifth_high = five_bits ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
-                    q[64 * g + l] = static_cast<int8_t>((qs[32 * g + l] & 0x0F) | fifth_low);
-                    q[64 * g + 32 + l] = static_cast<int8_t>((qs[32 * g + l] >> 4) | fifth_high);
+                    const int fifth_low = five_bits ? ((byte_at(b + 16, l) >> (2 * g)) & 1) << 4 : 0;
+                    const int fifth_high = five_bits ? ((byte_at(b + 16, l) >> (2 * g + 1)) & 1) << 4 : 0;
+                    q[64 * g + l] = static_cast<int8_t>((byte_at(qs, 32 * g + l) & 0x0F) | fifth_low);
+                    q[64 * g + 32 + l] = static_cast<int8_t>((byte_at(qs, 32 * g + l) >> 4) | fifth_high);
                 }
+            return;
         }
+        case DType::Q6_K: {
+            u.d = f16_at(b + 208);
+            for (int j = 0; j < 16; ++j) u.scale[j] = static_cast<int8_t>(byte_at(b + 192, j));
+            for (int e = 0; e < 256; ++e) {  // dequantize_q6_k's layout
+                const int h = e / 128, r = e % 128, g = r / 32, l = r % 32;
+                const int packed = byte_at(b, 64 * h + l + 32 * (g & 1));
+                const int low = g < 2 ? packed & 0x0F : packed >> 4;
+                q[e] = static_cast<int8_t>((low | ((byte_at(b + 128, 32 * h + l) >> (2 * g)) & 3) << 4) - 32);
+            }
+            return;
+        }
+        default: fail("no integer kernel for ", dtype_block(dtype).name, " weights");
     }
 }
 
-// dot(weight row, activation row t): exact integer sums per block, then the block's scales in f32, blocks in order.
-//   Q8_0, Q4_0, Q5_0:  Σ_b (d_w·d_x) · Σ q_w·q_x
-//   Q4_1, Q5_1:        Σ_b (d_w·d_x) · Σ q_w·q_x  +  m_w · s_x                        (s_x = d_x · Σ q_x)
-//   Q4_K, Q5_K:  Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 32)
-//   Q3_K, Q6_K:  Σ_b d_x · d · Σ_j scale_j · Σ q_w·q_x                                 (sub-blocks j of 16)
-//   Q2_K:        Σ_b d_x · (d · Σ_j scale_j · Σ q_w·q_x  −  dmin · Σ_j min_j · Σ q_x)   (sub-blocks j of 16)
-// The integer sums of 32-value blocks are computed ahead of the float steps, a chunk of blocks at a time (they do not
-// depend on them), so the block sums vectorize and only the float sum runs block after block.
-template <int32_t (*dot_i8)(const int8_t*, const int8_t*, int), void (*block_sums)(const int8_t*, const int8_t*, int, int32_t*)>
-inline float dot_unpacked(DType dtype, const UnpackedRow& w, const QuantizedRows& x, size_t K, int t) {
-    const int8_t* xq = x.q.data() + static_cast<size_t>(t) * K;
+// One block's contribution to the sums of a token (eight lanes and the offset, sums[0..8]): the definition above.
+inline void add_integer_block(DType dtype, const IntegerBlock& w, const QuantizedRows& x, size_t x_block, float* sums) {
+    const int B = x.block;
+    const int8_t* xq = x.q.data() + x_block * static_cast<size_t>(B);
+    int32_t lanes[8] = {};
+    for (int k = 0; k < B; ++k) lanes[(k % 32) / 4] += w.scale[k / 16] * (w.q[k] * xq[k]);
+    const float d = w.d * x.d[x_block];
+    for (int i = 0; i < 8; ++i) sums[i] = std::fma(d, static_cast<float>(lanes[i]), sums[i]);
+    if (integer_min_per_block(dtype)) sums[8] = std::fma(w.m, x.s[x_block], sums[8]);
+    if (integer_min_per_sub_block(dtype)) {
+        int32_t mins = 0;
+        for (int g = 0; g < 16; ++g) mins += w.min[g] * x.sums[x_block * 16 + static_cast<size_t>(g)];
+        sums[8] = std::fma(-(w.m * x.d[x_block]), static_cast<float>(mins), sums[8]);
+    }
+}
+
+// Rows [row_begin, row_end) of out[T, N] against the T quantized tokens: each block decoded once, used by every token.
+inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
+                                         size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t blocks = K / static_cast<size_t>(x.block);
-    const float* xd = x.d.data() + static_cast<size_t>(t) * blocks;
-    float sum = 0.0f;
-    if (x.block == 32) {
-        constexpr size_t chunk = 64;
-        int32_t sums[chunk];
-        for (size_t b0 = 0; b0 < blocks; b0 += chunk) {
-            const size_t count = std::min(chunk, blocks - b0);
-            block_sums(w.q.data() + b0 * 32, xq + b0 * 32, static_cast<int>(count), sums);
-            for (size_t b = b0; b < b0 + count; ++b) {
-                sum += (w.d[b] * xd[b]) * static_cast<float>(sums[b - b0]);
-                if (dtype == DType::Q4_1 || dtype == DType::Q5_1) sum += w.dmin[b] * x.s[static_cast<size_t>(t) * blocks + b];
-            }
+    const size_t block_bytes = static_cast<size_t>(dtype_block(w.dtype).bytes), row_bytes = blocks * block_bytes;
+    thread_local std::vector<float> sums;  // [T, 9]: each token's eight lanes and offset
+    IntegerBlock block;
+    for (size_t n = row_begin; n < row_end; ++n) {
+        sums.assign(static_cast<size_t>(T) * 9, 0.0f);
+        for (size_t b = 0; b < blocks; ++b) {
+            decode_integer_block(w.dtype, w.data + n * row_bytes + b * block_bytes, block);
+            for (int t = 0; t < T; ++t) add_integer_block(w.dtype, block, x, static_cast<size_t>(t) * blocks + b, &sums[t * 9]);
         }
-        return sum;
+        for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = fold_eight(&sums[t * 9]) + sums[t * 9 + 8];
     }
-    for (size_t b = 0; b < blocks; ++b) {
-        const int8_t* wq = w.q.data() + b * static_cast<size_t>(x.block);
-        const int8_t* bq = xq + b * static_cast<size_t>(x.block);
-        if (dtype == DType::Q6_K || dtype == DType::Q3_K) {
-            int32_t scaled = 0;
-            for (int j = 0; j < 16; ++j) scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
-            sum += xd[b] * (w.d[b] * static_cast<float>(scaled));
-        } else if (dtype == DType::Q2_K) {
-            const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
-            int32_t scaled = 0, mins = 0;
-            for (int j = 0; j < 16; ++j) {
-                scaled += w.scale[b * 16 + static_cast<size_t>(j)] * dot_i8(wq + 16 * j, bq + 16 * j, 16);
-                mins += w.min[b * 16 + static_cast<size_t>(j)] * sums[j];
-            }
-            sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
-        } else {
-            const int16_t* sums = x.sums.data() + (static_cast<size_t>(t) * blocks + b) * 16;
-            int32_t sub_block_sums[8];
-            block_sums(wq, bq, 8, sub_block_sums);
-            int32_t scaled = 0, mins = 0;
-            for (int j = 0; j < 8; ++j) {
-                scaled += w.scale[b * 8 + static_cast<size_t>(j)] * sub_block_sums[j];
-                mins += w.min[b * 8 + static_cast<size_t>(j)] * (sums[2 * j] + sums[2 * j + 1]);
-            }
-            sum += xd[b] * (w.d[b] * static_cast<float>(scaled) - w.dmin[b] * static_cast<float>(mins));
-        }
-    }
-    return sum;
 }
 
 #ifdef INFER_X86_KERNELS
-// The same arithmetic compiled for AVX2, with its integer dot inlined (flatten): one call per row and token.
-[[gnu::target("avx2,fma,f16c"), gnu::flatten]] inline float dot_unpacked_avx2(DType dtype, const UnpackedRow& w,
-                                                                               const QuantizedRows& x, size_t K, int t) {
-    return dot_unpacked<dot_i8_avx2, block_sums_avx2>(dtype, w, x, K, t);
+// ---- The integer dot in AVX2 ----------------------------------------------------------------------------------------
+// The same lanes and steps, with each row's eight float sums per token held in one register from the first block to
+// the last. A Q8_0/Q4_*/Q5_* block is decoded straight into a register; a K-quant block into an IntegerBlock on the
+// stack (SIMD for Q4_K, Q5_K and Q6_K, the decoder above for Q2_K and Q3_K), read back chunk by chunk. Either way a
+// block is decoded once per tile of C tokens, and each of its 32-weight chunks costs a token four instructions:
+// maddubs multiplies unsigned by signed bytes and adds pairs into 16 bits (a signed weight's sign moves onto the
+// activation), madd adds those pairs into the eight lanes, times the chunk's scales.
+
+[[gnu::target("avx2,fma,f16c")]] inline float f16_at_avx2(const std::byte* p) {
+    uint16_t half;
+    std::memcpy(&half, p, 2);
+    return _cvtsh_ss(half);  // the same value as f16_to_f32
+}
+
+[[gnu::target("avx2,fma,f16c")]] inline int32_t horizontal_sum_i32(__m256i v) {
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
+    return _mm_cvtsi128_si32(sum);
+}
+
+// Bit k of `bits` as 0x10 in byte k: the fifth bits of a Q5_0/Q5_1 block (byte k/8 of the word spread over bytes
+// 8·(k/8)…, then each byte keeps its own bit).
+[[gnu::target("avx2,fma,f16c")]] inline __m256i fifth_bits_avx2(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// A Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 block's 32 weights as int8 (decode_integer_block's values).
+template <DType dtype>
+[[gnu::target("avx2,fma,f16c")]] inline __m256i chunk_avx2(const std::byte* b) {
+    if constexpr (dtype == DType::Q8_0) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    } else {
+        constexpr bool with_min = dtype == DType::Q4_1 || dtype == DType::Q5_1;
+        constexpr bool five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (with_min ? 4 : 2) + (five_bits ? 4 : 0)));
+        // Low nibbles are weights 0–15, high nibbles 16–31.
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));
+        if constexpr (five_bits) {
+            uint32_t qh;
+            std::memcpy(&qh, b + (with_min ? 4 : 2), 4);
+            q = _mm256_or_si256(q, fifth_bits_avx2(qh));
+        }
+        if constexpr (!with_min) q = _mm256_sub_epi8(q, _mm256_set1_epi8(five_bits ? 16 : 8));
+        return q;
+    }
+}
+
+// A K-quant block into u, as decode_integer_block does.
+template <DType dtype>
+[[gnu::target("avx2,fma,f16c")]] inline void decode_k_block_avx2(const std::byte* b, IntegerBlock& u) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if constexpr (dtype == DType::Q4_K || dtype == DType::Q5_K) {
+        u.d = f16_at_avx2(b);
+        u.m = f16_at_avx2(b + 2);
+        for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            k_scale_min(b + 4, j, sc, m);
+            u.scale[2 * j] = u.scale[2 * j + 1] = static_cast<int16_t>(sc);
+            u.min[2 * j] = u.min[2 * j + 1] = static_cast<int16_t>(m);
+        }
+        const std::byte* qs = b + (dtype == DType::Q5_K ? 48 : 16);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) {  // 32 bytes: low nibbles are sub-block 2g, high nibbles 2g + 1
+            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * g));
+            __m256i first = _mm256_and_si256(packed, low4), second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            if constexpr (dtype == DType::Q5_K) {  // bits 2g and 2g + 1 of qh[l], moved to bit 4
+                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)), one = _mm256_set1_epi8(1);
+                first = _mm256_or_si256(first, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                second = _mm256_or_si256(second, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+            }
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * g), first);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * g + 32), second);
+        }
+    } else if constexpr (dtype == DType::Q6_K) {
+        u.d = f16_at_avx2(b + 208);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.scale),
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+        const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {  // dequantize_q6_k's halves of 128: four 32-weight groups from ql and qh
+            const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+            const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+            const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+            const __m256i groups[4] = {
+                _mm256_or_si256(_mm256_and_si256(first, low4), _mm256_slli_epi16(_mm256_and_si256(high, three), 4)),
+                _mm256_or_si256(_mm256_and_si256(second, low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 2), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 4), three), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 6), three), 4))};
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * g), _mm256_sub_epi8(groups[g], bias));
+        }
+    } else {
+        decode_integer_block(dtype, b, u);
+    }
+}
+
+// The eight lanes of one 32-weight chunk against one token's 32 activations, each half times its scale.
+template <bool signed_weights>
+[[gnu::target("avx2,fma,f16c")]] inline __m256i chunk_lanes_avx2(__m256i unsigned_q, __m256i q, const int8_t* xq, __m256i scales) {
+    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    if constexpr (signed_weights) x = _mm256_sign_epi8(x, q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_q, x), scales);
+}
+
+// out[c·N + n] for the `rows` rows at `weights` and the C tokens from first_token on: decode_integer_block's blocks
+// and add_integer_block's steps, a register of eight sums per token.
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void integer_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
+                                                         const QuantizedRows& x, size_t first_token, size_t K, float* out,
+                                                         size_t N) {
+    constexpr bool k_quant = dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
+                             dtype == DType::Q6_K;
+    constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q5_0 ||
+                                    dtype == DType::Q3_K || dtype == DType::Q6_K;
+    constexpr int B = k_quant ? 256 : 32;
+    const size_t blocks = K / B, block_bytes = row_bytes / blocks;
+    const __m256i ones = _mm256_set1_epi16(1);
+    IntegerBlock decoded;
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        __m256 acc[C];
+        float offset[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps(), offset[c] = 0.0f;
+        for (size_t b = 0; b < blocks; ++b) {
+            const std::byte* block = row + b * block_bytes;
+            const size_t first_x_block = first_token * blocks + b;  // token c's: first_x_block + c·blocks
+            if constexpr (!k_quant) {
+                const __m256i q = chunk_avx2<dtype>(block);
+                const __m256i unsigned_q = signed_weights ? _mm256_sign_epi8(q, q) : q;
+                const float d = f16_at_avx2(block);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    const size_t xb = first_x_block + c * blocks;
+                    const __m256i lanes = chunk_lanes_avx2<signed_weights>(unsigned_q, q, x.q.data() + xb * 32, ones);
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[xb]), _mm256_cvtepi32_ps(lanes), acc[c]);
+                    if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) offset[c] = std::fma(f16_at_avx2(block + 2), x.s[xb], offset[c]);
+                }
+            } else {
+                decode_k_block_avx2<dtype>(block, decoded);
+                __m256i lanes[C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) lanes[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(decoded.q + 32 * j));
+                    const __m256i unsigned_q = signed_weights ? _mm256_sign_epi8(q, q) : q;
+                    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(decoded.scale[2 * j + 1]), _mm_set1_epi16(decoded.scale[2 * j]));
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c)
+                        lanes[c] = _mm256_add_epi32(lanes[c], chunk_lanes_avx2<signed_weights>(
+                                                                  unsigned_q, q, x.q.data() + (first_x_block + c * blocks) * 256 + 32 * j, scales));
+                }
+                const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(decoded.min));
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    const size_t xb = first_x_block + c * blocks;
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(decoded.d * x.d[xb]), _mm256_cvtepi32_ps(lanes[c]), acc[c]);
+                    if constexpr (dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K) {
+                        const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + xb * 16));
+                        const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, sums));
+                        offset[c] = std::fma(-(decoded.m * x.d[xb]), static_cast<float>(min_total), offset[c]);
+                    }
+                }
+            }
+        }
+        for (int c = 0; c < C; ++c) out[c * N + n] = horizontal_sum(acc[c]) + offset[c];
+    }
+}
+
+// Rows [row_begin, row_end), in blocks of about 256 KB that stay in L2 while every tile of four tokens passes.
+template <DType dtype>
+void integer_rows_avx2(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
+    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
+    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
+        const std::byte* rows = w.data + block * row_bytes;
+        const size_t count = std::min(row_end, block + rows_per_block) - block;
+        size_t t = 0;
+        for (; t + 4 <= static_cast<size_t>(T); t += 4) integer_tile_avx2<dtype, 4>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        switch (static_cast<size_t>(T) - t) {
+            case 3: integer_tile_avx2<dtype, 3>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
+            case 2: integer_tile_avx2<dtype, 2>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
+            case 1: integer_tile_avx2<dtype, 1>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
+            default: break;
+        }
+    }
+}
+
+inline void matmul_rows_integer_avx2(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
+                                     size_t row_end) {
+    switch (w.dtype) {
+        case DType::Q8_0: return integer_rows_avx2<DType::Q8_0>(w, x, T, out, row_begin, row_end);
+        case DType::Q4_0: return integer_rows_avx2<DType::Q4_0>(w, x, T, out, row_begin, row_end);
+        case DType::Q4_1: return integer_rows_avx2<DType::Q4_1>(w, x, T, out, row_begin, row_end);
+        case DType::Q5_0: return integer_rows_avx2<DType::Q5_0>(w, x, T, out, row_begin, row_end);
+        case DType::Q5_1: return integer_rows_avx2<DType::Q5_1>(w, x, T, out, row_begin, row_end);
+        case DType::Q2_K: return integer_rows_avx2<DType::Q2_K>(w, x, T, out, row_begin, row_end);
+        case DType::Q3_K: return integer_rows_avx2<DType::Q3_K>(w, x, T, out, row_begin, row_end);
+        case DType::Q4_K: return integer_rows_avx2<DType::Q4_K>(w, x, T, out, row_begin, row_end);
+        case DType::Q5_K: return integer_rows_avx2<DType::Q5_K>(w, x, T, out, row_begin, row_end);
+        case DType::Q6_K: return integer_rows_avx2<DType::Q6_K>(w, x, T, out, row_begin, row_end);
+        default: fail("no integer kernel for ", dtype_block(w.dtype).name, " weights");
+    }
 }
 #endif
+
 
 inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
                                 size_t row_end) {
-    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
-    const size_t row_bytes = static_cast<size_t>(dtype_bytes(w.dtype, static_cast<int64_t>(K)));
-    auto dot = dot_unpacked<dot_i8_portable, block_sums_portable>;
 #ifdef INFER_X86_KERNELS
-    if (path != CpuKernels::Portable) dot = dot_unpacked_avx2;  // AVX-512 machines run the AVX2 integer dot too
+    if (path != CpuKernels::Portable) return matmul_rows_integer_avx2(w, x, T, out, row_begin, row_end);  // AVX-512 too
 #endif
-    thread_local UnpackedRow row;  // unpacked once, then used by every token of the call
-    for (size_t n = row_begin; n < row_end; ++n) {
-        unpack_row(w.dtype, w.data + n * row_bytes, K, row);
-        for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = dot(w.dtype, row, x, K, t);
-    }
+    matmul_rows_integer_portable(w, x, T, out, row_begin, row_end);
 }
 
 }  // namespace detail

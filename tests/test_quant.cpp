@@ -568,6 +568,58 @@ TEST_CASE("integer kernels: activations quantize to llama.cpp's Q8_0, Q8_1 and Q
     }
 }
 
+TEST_CASE("integer kernels: every block type gives the same bits on every kernel path, for any batch") {
+    // Random weights quantized to each type, against 1 to 9 tokens: each path's product equals the portable one's bit
+    // for bit, and each token's row is the same bits whatever its batch-mates (tiles of 4 and the remainders).
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t N = 13, K = 512;
+    std::vector<float> x(9 * K);
+    for (float& v : x) v = normal(rng);
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    infer::ThreadPool pool(2);
+    using D = infer::DType;
+    for (D dtype : {D::Q8_0, D::Q4_0, D::Q4_1, D::Q5_0, D::Q5_1, D::Q2_K, D::Q3_K, D::Q4_K, D::Q5_K, D::Q6_K}) {
+        const std::string name = infer::dtype_block(dtype).name;
+        CAPTURE(name);
+        std::vector<float> weights(N * K);
+        for (float& v : weights) v = normal(rng) * 0.1f;
+        std::vector<std::byte> blocks(infer::dtype_bytes(dtype, N * K));
+        infer::quantize_row(dtype, weights.data(), blocks.data(), N * K);
+        const infer::Tensor w{name, dtype, {N, K}, blocks.data()};
+        REQUIRE(infer::detail::has_integer_kernel(dtype));
+        std::vector<float> portable;
+        for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+            if (!infer::cpu_supports(path)) continue;
+            CAPTURE(infer::cpu_kernels_name(path));
+            infer::use_cpu_kernels(path);
+            std::vector<float> all(9 * N);
+            infer::detail::matmul(pool, x.data(), 9, {{w, all.data()}});
+            if (portable.empty()) portable = all;
+            CHECK(all == portable);
+            for (int T : {1, 2, 3, 5}) {
+                std::vector<float> part(static_cast<size_t>(T) * N);
+                infer::detail::matmul(pool, x.data() + 2 * K, T, {{w, part.data()}});
+                CHECK(std::equal(part.begin(), part.end(), all.begin() + 2 * N));
+            }
+        }
+        // And the products are those of the decoded weights: within the f32 bound of the quantized activations' dot.
+        infer::detail::QuantizedRows xq;
+        infer::detail::quantize_activations(x.data(), 9, K, infer::detail::activation_block(dtype), xq);
+        std::vector<float> row(K);
+        for (int64_t n = 0; n < N; ++n) {
+            w.read_row(n, row.data());
+            double magnitude = 0, dot = 0;
+            for (int64_t k = 0; k < K; ++k) {
+                dot += double(row[k]) * double(x[k]);
+                magnitude += std::fabs(double(row[k]) * double(x[k]));
+            }
+            CHECK(std::fabs(portable[n] - dot) < 0.02 * magnitude);  // 8-bit activations: about 1 % of Σ|w·x|
+        }
+    }
+    infer::use_cpu_kernels(chosen);
+}
+
 TEST_CASE("integer kernels: every weight product of sequence A matches llama.cpp's own to 1e-5 of its scale") {
     REQUIRE_SHARED_OR_SKIP();
     infer::ThreadPool pool(2);
