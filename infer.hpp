@@ -2188,16 +2188,11 @@ inline float weight_at(const std::byte* row, size_t k) {
     }
 }
 
-// The fixed tree that folds eight lanes into one sum: pairs four apart, then two, then one (AVX2's horizontal_sum).
-inline float fold_eight(const float* lanes) {
-    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-}
-
-// Sixteen lanes: lanes l and l + 8 first, then the tree above.
+// The fixed tree that folds sixteen lanes into one sum: lanes l and l + 8 first, then pairs four apart, two, one.
 inline float fold_lanes(const float* lanes) {
     float half[8];
     for (int lane = 0; lane < 8; ++lane) half[lane] = lanes[lane] + lanes[lane + 8];
-    return fold_eight(half);
+    return ((half[0] + half[4]) + (half[2] + half[6])) + ((half[1] + half[5]) + (half[3] + half[7]));
 }
 
 // The row's last K % 16 columns, in order, added to the folded sum.
@@ -8346,13 +8341,16 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
 // int8 values in the activations' order, each half of 16 with an integer scale (1 outside the K-quants). Per block,
 // eight integer lanes, lane i holding columns 4i…4i+3 of every chunk times their half's scale:
 //     lane_i = Σ_chunks scale · Σ_{k=4i..4i+3} q_w[k]·q_x[k]                       (exact in int32)
-// then, block after block, eight float sums acc_i = fma(d_w·d_x, lane_i, acc_i) and the minimums in one more:
+// then, block after block, sixteen float sums, even blocks in the first eight and odd ones in the others (two
+// independent chains of multiply-adds, so one row's blocks need not wait for each other):
+//     acc[8·(b mod 2) + i] = fma(d_w·d_x, lane_i, acc[8·(b mod 2) + i])
+// and the minimums in one more:
 //     Q4_1, Q5_1:        offset = fma(m, s_x, offset)                               (s_x = d_x·Σq_x, Q8_1's)
 //     Q2_K, Q4_K, Q5_K:  offset = fma(−dmin·d_x, Σ_g min_g · Σ_{the 16 q_x of g}, offset)
-// and the dot is fold_eight(acc) + offset. The lanes are what AVX2's maddubs and madd leave in a register for 32
-// bytes, so its twin (appendix F) keeps a row's sums in registers from the first block to the last and folds once;
-// every step that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never
-// depends on its batch-mates.
+// and the dot is fold_lanes(acc) + offset. The lanes are what AVX2's maddubs and madd leave in a register for 32
+// bytes, so its twin keeps a row's sums in two registers from the first block to the last and folds once; every step
+// that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never depends on its
+// batch-mates.
 
 // One weight block decoded for the integer dot.
 struct IntegerBlock {
@@ -8448,19 +8446,20 @@ inline void decode_integer_block(DType dtype, const std::byte* b, IntegerBlock& 
     }
 }
 
-// One block's contribution to the sums of a token (eight lanes and the offset, sums[0..8]): the definition above.
-inline void add_integer_block(DType dtype, const IntegerBlock& w, const QuantizedRows& x, size_t x_block, float* sums) {
+// One block's contribution to the sums of a token (sums[0..15] its half's lanes, sums[16] the offset): the
+// definition above; `half` is the block's number mod 2.
+inline void add_integer_block(DType dtype, const IntegerBlock& w, const QuantizedRows& x, size_t x_block, size_t half, float* sums) {
     const int B = x.block;
     const int8_t* xq = x.q.data() + x_block * static_cast<size_t>(B);
     int32_t lanes[8] = {};
     for (int k = 0; k < B; ++k) lanes[(k % 32) / 4] += w.scale[k / 16] * (w.q[k] * xq[k]);
     const float d = w.d * x.d[x_block];
-    for (int i = 0; i < 8; ++i) sums[i] = std::fma(d, static_cast<float>(lanes[i]), sums[i]);
-    if (integer_min_per_block(dtype)) sums[8] = std::fma(w.m, x.s[x_block], sums[8]);
+    for (int i = 0; i < 8; ++i) sums[8 * half + i] = std::fma(d, static_cast<float>(lanes[i]), sums[8 * half + i]);
+    if (integer_min_per_block(dtype)) sums[16] = std::fma(w.m, x.s[x_block], sums[16]);
     if (integer_min_per_sub_block(dtype)) {
         int32_t mins = 0;
         for (int g = 0; g < 16; ++g) mins += w.min[g] * x.sums[x_block * 16 + static_cast<size_t>(g)];
-        sums[8] = std::fma(-(w.m * x.d[x_block]), static_cast<float>(mins), sums[8]);
+        sums[16] = std::fma(-(w.m * x.d[x_block]), static_cast<float>(mins), sums[16]);
     }
 }
 
@@ -8470,15 +8469,15 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t blocks = K / static_cast<size_t>(x.block);
     const size_t block_bytes = static_cast<size_t>(dtype_block(w.dtype).bytes), row_bytes = blocks * block_bytes;
-    thread_local std::vector<float> sums;  // [T, 9]: each token's eight lanes and offset
+    thread_local std::vector<float> sums;  // [T, 17]: each token's sixteen lanes and offset
     IntegerBlock block;
     for (size_t n = row_begin; n < row_end; ++n) {
-        sums.assign(static_cast<size_t>(T) * 9, 0.0f);
+        sums.assign(static_cast<size_t>(T) * 17, 0.0f);
         for (size_t b = 0; b < blocks; ++b) {
             decode_integer_block(w.dtype, w.data + n * row_bytes + b * block_bytes, block);
-            for (int t = 0; t < T; ++t) add_integer_block(w.dtype, block, x, static_cast<size_t>(t) * blocks + b, &sums[t * 9]);
+            for (int t = 0; t < T; ++t) add_integer_block(w.dtype, block, x, static_cast<size_t>(t) * blocks + b, b % 2, &sums[t * 17]);
         }
-        for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = fold_eight(&sums[t * 9]) + sums[t * 9 + 8];
+        for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = fold_lanes(&sums[t * 17]) + sums[t * 17 + 16];
     }
 }
 
@@ -8534,19 +8533,45 @@ template <DType dtype>
     }
 }
 
-// A K-quant block into u, as decode_integer_block does.
-template <DType dtype>
-[[gnu::target("avx2,fma,f16c")]] inline void decode_k_block_avx2(const std::byte* b, IntegerBlock& u) {
+// The eight lanes of one 32-weight chunk against each of C tokens' activations (token c's at xq + c·stride), each
+// half times its scale, added to lanes[c].
+template <bool signed_weights, int C>
+[[gnu::target("avx2,fma,f16c")]] inline void add_chunk_avx2(__m256i (&lanes)[C], __m256i q, __m256i scales, const int8_t* xq,
+                                                             size_t stride) {
+    const __m256i unsigned_q = signed_weights ? _mm256_sign_epi8(q, q) : q;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+        __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * stride));
+        if constexpr (signed_weights) x = _mm256_sign_epi8(x, q);
+        lanes[c] = _mm256_add_epi32(lanes[c], _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_q, x), scales));
+    }
+}
+
+// A vector of int16 j (of the eight in each 128-bit half) for pshufb: broadcasts that int16 across its half.
+[[gnu::target("avx2,fma,f16c")]] inline __m256i pick_int16(int low_half, int high_half) {
+    return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((2 * high_half + 1) << 8 | 2 * high_half)),
+                            _mm_set1_epi16(static_cast<int16_t>((2 * low_half + 1) << 8 | 2 * low_half)));
+}
+
+// The lanes of a K-quant block against C tokens, the block decoded in registers (Q4_K, Q5_K, Q6_K) or on the stack
+// (Q2_K, Q3_K, through decode_integer_block); d, m and the sixteen minimums come back for the float step.
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] inline void k_block_lanes_avx2(const std::byte* b, const int8_t* xq, size_t stride,
+                                                                 __m256i (&lanes)[C], float& d, float& m, __m256i& mins) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     if constexpr (dtype == DType::Q4_K || dtype == DType::Q5_K) {
-        u.d = f16_at_avx2(b);
-        u.m = f16_at_avx2(b + 2);
-        for (int j = 0; j < 8; ++j) {
-            int sc, m;
-            k_scale_min(b + 4, j, sc, m);
-            u.scale[2 * j] = u.scale[2 * j + 1] = static_cast<int16_t>(sc);
-            u.min[2 * j] = u.min[2 * j + 1] = static_cast<int16_t>(m);
-        }
+        d = f16_at_avx2(b);
+        m = f16_at_avx2(b + 2);
+        // k_scale_min for all eight sub-blocks at once: 12 bytes as three words s0, s1, s2.
+        uint32_t s[3];
+        std::memcpy(s, b + 4, 12);
+        const uint64_t scales = (s[0] & 0x3F3F3F3Fu) |
+                                uint64_t{(s[2] & 0x0F0F0F0Fu) | ((s[0] >> 6) & 0x03030303u) << 4} << 32;
+        const uint64_t minimums = (s[1] & 0x3F3F3F3Fu) |
+                                  uint64_t{((s[2] >> 4) & 0x0F0F0F0Fu) | ((s[1] >> 6) & 0x03030303u) << 4} << 32;
+        const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
+        mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));  // one per 16 weights
+        const __m256i scale16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
         const std::byte* qs = b + (dtype == DType::Q5_K ? 48 : 16);
 #pragma GCC unroll 4
         for (int g = 0; g < 4; ++g) {  // 32 bytes: low nibbles are sub-block 2g, high nibbles 2g + 1
@@ -8557,16 +8582,19 @@ template <DType dtype>
                 first = _mm256_or_si256(first, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
                 second = _mm256_or_si256(second, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
             }
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * g), first);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * g + 32), second);
+            add_chunk_avx2<false, C>(lanes, first, _mm256_shuffle_epi8(scale16, pick_int16(2 * g, 2 * g)), xq + 64 * g, stride);
+            add_chunk_avx2<false, C>(lanes, second, _mm256_shuffle_epi8(scale16, pick_int16(2 * g + 1, 2 * g + 1)), xq + 64 * g + 32,
+                                     stride);
         }
     } else if constexpr (dtype == DType::Q6_K) {
-        u.d = f16_at_avx2(b + 208);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.scale),
-                            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+        d = f16_at_avx2(b + 208);
+        m = 0.0f;
+        mins = _mm256_setzero_si256();
         const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {  // dequantize_q6_k's halves of 128: four 32-weight groups from ql and qh
+            const __m256i scale16 = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h))));
             const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
             const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
             const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
@@ -8579,85 +8607,82 @@ template <DType dtype>
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4),
                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 6), three), 4))};
 #pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g)
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * g), _mm256_sub_epi8(groups[g], bias));
+            for (int g = 0; g < 4; ++g)  // 32 weights with the scales of their two halves of 16
+                add_chunk_avx2<true, C>(lanes, _mm256_sub_epi8(groups[g], bias),
+                                        _mm256_shuffle_epi8(scale16, pick_int16(2 * g, 2 * g + 1)), xq + 128 * h + 32 * g, stride);
         }
     } else {
+        IntegerBlock u;
         decode_integer_block(dtype, b, u);
+        d = u.d;
+        m = u.m;
+        mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.min));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+            add_chunk_avx2<dtype == DType::Q3_K, C>(lanes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + 32 * j)),
+                                                    _mm256_set_m128i(_mm_set1_epi16(u.scale[2 * j + 1]), _mm_set1_epi16(u.scale[2 * j])),
+                                                    xq + 32 * j, stride);
     }
 }
 
-// The eight lanes of one 32-weight chunk against one token's 32 activations, each half times its scale.
-template <bool signed_weights>
-[[gnu::target("avx2,fma,f16c")]] inline __m256i chunk_lanes_avx2(__m256i unsigned_q, __m256i q, const int8_t* xq, __m256i scales) {
-    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-    if constexpr (signed_weights) x = _mm256_sign_epi8(x, q);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_q, x), scales);
+template <DType dtype>
+constexpr bool is_k_quant = dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
+                            dtype == DType::Q6_K;
+
+// Block b of a row against C tokens (token c's activation blocks at x_block + c·blocks): add_integer_block's steps
+// into sums (the block's half) and offset.
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] inline void add_block_avx2(const std::byte* block, const QuantizedRows& x, size_t x_block,
+                                                             size_t blocks, size_t K, __m256 (&sums)[C], float (&offset)[C]) {
+    constexpr int B = is_k_quant<dtype> ? 256 : 32;
+    const int8_t* xq = x.q.data() + x_block * B;  // token c's at xq + c·K
+    __m256i lanes[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) lanes[c] = _mm256_setzero_si256();
+    float d, m = 0.0f;
+    __m256i mins;
+    if constexpr (is_k_quant<dtype>) {
+        k_block_lanes_avx2<dtype, C>(block, xq, K, lanes, d, m, mins);
+    } else {
+        d = f16_at_avx2(block);
+        if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) m = f16_at_avx2(block + 2);
+        constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q5_0;
+        add_chunk_avx2<signed_weights, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq, K);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+        const size_t xb = x_block + c * blocks;
+        sums[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[xb]), _mm256_cvtepi32_ps(lanes[c]), sums[c]);
+        if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) {
+            offset[c] = std::fma(m, x.s[xb], offset[c]);
+        } else if constexpr (dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K) {
+            const __m256i x_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + xb * 16));
+            const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, x_sums));
+            offset[c] = std::fma(-(m * x.d[xb]), static_cast<float>(min_total), offset[c]);
+        }
+    }
 }
 
-// out[c·N + n] for the `rows` rows at `weights` and the C tokens from first_token on: decode_integer_block's blocks
-// and add_integer_block's steps, a register of eight sums per token.
+// out[c·N + n] for the `rows` rows at `weights` and the C tokens from first_token on: two registers of eight sums
+// per token, even blocks and odd blocks.
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] void integer_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
                                                          const QuantizedRows& x, size_t first_token, size_t K, float* out,
                                                          size_t N) {
-    constexpr bool k_quant = dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
-                             dtype == DType::Q6_K;
-    constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q5_0 ||
-                                    dtype == DType::Q3_K || dtype == DType::Q6_K;
-    constexpr int B = k_quant ? 256 : 32;
-    const size_t blocks = K / B, block_bytes = row_bytes / blocks;
-    const __m256i ones = _mm256_set1_epi16(1);
-    IntegerBlock decoded;
+    const size_t blocks = K / (is_k_quant<dtype> ? 256 : 32), block_bytes = row_bytes / blocks;
     for (size_t n = 0; n < rows; ++n) {
         const std::byte* row = weights + n * row_bytes;
-        __m256 acc[C];
+        __m256 even[C], odd[C];
         float offset[C];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps(), offset[c] = 0.0f;
-        for (size_t b = 0; b < blocks; ++b) {
-            const std::byte* block = row + b * block_bytes;
-            const size_t first_x_block = first_token * blocks + b;  // token c's: first_x_block + c·blocks
-            if constexpr (!k_quant) {
-                const __m256i q = chunk_avx2<dtype>(block);
-                const __m256i unsigned_q = signed_weights ? _mm256_sign_epi8(q, q) : q;
-                const float d = f16_at_avx2(block);
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) {
-                    const size_t xb = first_x_block + c * blocks;
-                    const __m256i lanes = chunk_lanes_avx2<signed_weights>(unsigned_q, q, x.q.data() + xb * 32, ones);
-                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[xb]), _mm256_cvtepi32_ps(lanes), acc[c]);
-                    if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) offset[c] = std::fma(f16_at_avx2(block + 2), x.s[xb], offset[c]);
-                }
-            } else {
-                decode_k_block_avx2<dtype>(block, decoded);
-                __m256i lanes[C];
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) lanes[c] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j) {
-                    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(decoded.q + 32 * j));
-                    const __m256i unsigned_q = signed_weights ? _mm256_sign_epi8(q, q) : q;
-                    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(decoded.scale[2 * j + 1]), _mm_set1_epi16(decoded.scale[2 * j]));
-#pragma GCC unroll 8
-                    for (int c = 0; c < C; ++c)
-                        lanes[c] = _mm256_add_epi32(lanes[c], chunk_lanes_avx2<signed_weights>(
-                                                                  unsigned_q, q, x.q.data() + (first_x_block + c * blocks) * 256 + 32 * j, scales));
-                }
-                const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(decoded.min));
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) {
-                    const size_t xb = first_x_block + c * blocks;
-                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(decoded.d * x.d[xb]), _mm256_cvtepi32_ps(lanes[c]), acc[c]);
-                    if constexpr (dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K) {
-                        const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + xb * 16));
-                        const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, sums));
-                        offset[c] = std::fma(-(decoded.m * x.d[xb]), static_cast<float>(min_total), offset[c]);
-                    }
-                }
-            }
+        for (int c = 0; c < C; ++c) even[c] = odd[c] = _mm256_setzero_ps(), offset[c] = 0.0f;
+        size_t b = 0;
+        for (; b + 2 <= blocks; b += 2) {
+            add_block_avx2<dtype, C>(row + b * block_bytes, x, first_token * blocks + b, blocks, K, even, offset);
+            add_block_avx2<dtype, C>(row + (b + 1) * block_bytes, x, first_token * blocks + b + 1, blocks, K, odd, offset);
         }
-        for (int c = 0; c < C; ++c) out[c * N + n] = horizontal_sum(acc[c]) + offset[c];
+        if (b < blocks) add_block_avx2<dtype, C>(row + b * block_bytes, x, first_token * blocks + b, blocks, K, even, offset);
+        for (int c = 0; c < C; ++c) out[c * N + n] = horizontal_sum(_mm256_add_ps(even[c], odd[c])) + offset[c];
     }
 }
 
