@@ -8686,49 +8686,242 @@ template <DType dtype, int C>
     }
 }
 
-// Rows [row_begin, row_end), in blocks of about 256 KB that stay in L2 while every tile of four tokens passes.
+// ---- The integer dot in AVX-512 (with VNNI) -------------------------------------------------------------------------
+// The same sums, two blocks (or two chunks of a K-quant block) per 64-byte register: the low half holds block b's
+// eight lanes, the high half block b + 1's, which is exactly the even and odd sets of the definition, so one register
+// of sixteen float sums per token carries both, and the fold at the end adds its halves first, as fold_lanes does.
+// VNNI's vpdpbusd multiplies unsigned by signed bytes and adds each four products into a lane in one instruction, exact
+// (no 16-bit step), where AVX2 needs maddubs and madd. AVX-512 has no byte `sign`, so a signed weight's sign moves onto
+// the activation by a masked negation. Q8_0, Q4_0, Q4_K and Q6_K (the types of Q8_0, Q4_0 and Q4_K_M files) have this
+// kernel; the other types, and AVX-512 CPUs without VNNI, run the AVX2 one (same bits).
+
+inline bool has_integer_kernel_avx512(DType dtype) {
+    static const bool vnni = cpu_supports(CpuKernels::Avx512) && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+    return vnni && (dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K);
+}
+
+// Blocks b and b + 1 of a Q8_0 or Q4_0 row (block_bytes apart) as 64 int8 weights.
 template <DType dtype>
-void integer_rows_avx2(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
-    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
-    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
-    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
-    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
-        const std::byte* rows = w.data + block * row_bytes;
-        const size_t count = std::min(row_end, block + rows_per_block) - block;
-        size_t t = 0;
-        for (; t + 4 <= static_cast<size_t>(T); t += 4) integer_tile_avx2<dtype, 4>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
-        switch (static_cast<size_t>(T) - t) {
-            case 3: integer_tile_avx2<dtype, 3>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
-            case 2: integer_tile_avx2<dtype, 2>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
-            case 1: integer_tile_avx2<dtype, 1>(rows, row_bytes, count, x, t, K, out + t * N + block, N); break;
-            default: break;
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i two_blocks_avx512(const std::byte* b,
+                                                                                                        size_t block_bytes) {
+    if constexpr (dtype == DType::Q8_0) {
+        return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + block_bytes + 2)), 1);
+    } else {  // Q4_0: [low nibbles of b, high nibbles of b, low of b + 1, high of b + 1], each minus 8
+        const __m256i packed = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + block_bytes + 2)),
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+        const __m512i twice = _mm512_maskz_permutexvar_epi64(0xFF, _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(packed));
+        const __m512i nibbles = _mm512_mask_blend_epi64(0xCC, twice, _mm512_srli_epi16(twice, 4));
+        return _mm512_sub_epi8(_mm512_and_si512(nibbles, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
+    }
+}
+
+// lanes[c] += the four-product lanes of 64 weights against token c's 64 activations (at xq + c·stride): signed
+// weights through |q| and the activation negated where q < 0; with `scales` (int16 per pair of products), through
+// maddubs and madd, else vpdpbusd.
+template <bool signed_weights, bool scaled, int C>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline void add_pair_avx512(__m512i (&lanes)[C], __m512i q,
+                                                                                                __m512i scales, const int8_t* xq,
+                                                                                                size_t stride) {
+    const __mmask64 negative = signed_weights ? _mm512_movepi8_mask(q) : 0;
+    const __m512i unsigned_q = signed_weights ? _mm512_abs_epi8(q) : q;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+        __m512i x = _mm512_loadu_si512(xq + c * stride);
+        if constexpr (signed_weights) x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+        if constexpr (scaled) lanes[c] = _mm512_add_epi32(lanes[c], _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_q, x), scales));
+        else lanes[c] = _mm512_dpbusd_epi32(lanes[c], unsigned_q, x);
+    }
+}
+
+// An int16 of each 128-bit quarter (of `from`'s low eight) broadcast across that quarter: vpermw's index vector.
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i spread_int16(__m512i from, int q0, int q1, int q2,
+                                                                                                  int q3) {
+    const __m512i index = _mm512_maskz_inserti64x4(0xFF, 
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q1)), _mm_set1_epi16(static_cast<int16_t>(q0)))),
+        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q3)), _mm_set1_epi16(static_cast<int16_t>(q2))), 1);
+    return _mm512_maskz_permutexvar_epi16(0xFFFFFFFF, index, from);
+}
+
+// A Q4_K or Q6_K block's eight lanes against C tokens (k_block_lanes_avx2's, two chunks per register, the halves
+// added at the end), and its d, m and minimums.
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline void k_block_lanes_avx512(const std::byte* b,
+                                                                                                       const int8_t* xq, size_t stride,
+                                                                                                       __m256i (&lanes)[C], float& d,
+                                                                                                       float& m, __m256i& mins) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i pairs[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) pairs[c] = _mm512_setzero_si512();
+    if constexpr (dtype == DType::Q4_K) {
+        d = f16_at_avx2(b);
+        m = f16_at_avx2(b + 2);
+        uint32_t s[3];  // k_scale_min for all eight sub-blocks, as in k_block_lanes_avx2
+        std::memcpy(s, b + 4, 12);
+        const uint64_t scales = (s[0] & 0x3F3F3F3Fu) |
+                                uint64_t{(s[2] & 0x0F0F0F0Fu) | ((s[0] >> 6) & 0x03030303u) << 4} << 32;
+        const uint64_t minimums = (s[1] & 0x3F3F3F3Fu) |
+                                  uint64_t{((s[2] >> 4) & 0x0F0F0F0Fu) | ((s[1] >> 6) & 0x03030303u) << 4} << 32;
+        const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
+        mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));
+        const __m512i scale16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) {  // sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles) in one register
+            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * g));
+            const __m512i q = _mm512_and_si512(
+                _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1), low4);
+            add_pair_avx512<false, true, C>(pairs, q, spread_int16(scale16, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1), xq + 64 * g, stride);
+        }
+    } else {  // Q6_K
+        d = f16_at_avx2(b + 208);
+        m = 0.0f;
+        mins = _mm256_setzero_si256();
+        const __m512i three = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {  // groups 0 and 1 of the half in one register, groups 2 and 3 in another
+            const __m512i scale16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h))));
+            const __m512i low = _mm512_loadu_si512(b + 64 * h);  // ql of groups 0|1 (low nibbles), 2|3 (high nibbles)
+            const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+            const __m512i high_pair = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(high), _mm256_srli_epi16(high, 2), 1);
+            const __m512i first = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_slli_epi16(_mm512_and_si512(high_pair, three), 4));
+            const __m512i second = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), low4),
+                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high_pair, 4), three), 4));
+            add_pair_avx512<true, true, C>(pairs, _mm512_sub_epi8(first, bias), spread_int16(scale16, 0, 1, 2, 3), xq + 128 * h, stride);
+            add_pair_avx512<true, true, C>(pairs, _mm512_sub_epi8(second, bias), spread_int16(scale16, 4, 5, 6, 7), xq + 128 * h + 64,
+                                           stride);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) lanes[c] = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, pairs[c], 0), _mm512_maskz_extracti64x4_epi64(0xF, pairs[c], 1));
+}
+
+// out[c·N + n] for the `rows` rows at `weights` and the C tokens from first_token on: one register of sixteen sums per
+// token, the even blocks' in its low half and the odd blocks' in its high half.
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] void integer_tile_avx512(const std::byte* weights, size_t row_bytes,
+                                                                                             size_t rows, const QuantizedRows& x,
+                                                                                             size_t first_token, size_t K, float* out,
+                                                                                             size_t N) {
+    constexpr int B = is_k_quant<dtype> ? 256 : 32;
+    const size_t blocks = K / B, block_bytes = row_bytes / blocks;
+    const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + b·B
+    const float* xd = x.d.data() + first_token * blocks;
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        __m512 acc[C];
+        float offset[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps(), offset[c] = 0.0f;
+        size_t b = 0;
+        if constexpr (!is_k_quant<dtype>) {
+            for (; b + 2 <= blocks; b += 2) {
+                const std::byte* block = row + b * block_bytes;
+                __m512i lanes[C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) lanes[c] = _mm512_setzero_si512();
+                add_pair_avx512<true, false, C>(lanes, two_blocks_avx512<dtype>(block, block_bytes), _mm512_setzero_si512(), xq + b * B, K);
+                const __m512 d_w = _mm512_maskz_insertf32x8(0xFFFF, _mm512_set1_ps(f16_at_avx2(block)), _mm256_set1_ps(f16_at_avx2(block + block_bytes)), 1);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {  // d_w·d_x for both blocks, then the multiply-add of all sixteen lanes
+                    const float* dx = xd + c * blocks + b;
+                    const __m512 d_x = _mm512_maskz_insertf32x8(0xFFFF, _mm512_set1_ps(dx[0]), _mm256_set1_ps(dx[1]), 1);
+                    acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, lanes[c]), acc[c]);
+                }
+            }
+        }
+        for (; b < blocks; ++b) {  // one block at a time: the K-quants, and an odd last block
+            const std::byte* block = row + b * block_bytes;
+            __m256i lanes[C];
+            float d, m = 0.0f;
+            __m256i mins = _mm256_setzero_si256();
+            if constexpr (is_k_quant<dtype>) {
+                k_block_lanes_avx512<dtype, C>(block, xq + b * B, K, lanes, d, m, mins);
+            } else {
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) lanes[c] = _mm256_setzero_si256();
+                add_chunk_avx2<true, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq + b * B, K);
+                d = f16_at_avx2(block);
+            }
+            const __mmask16 half = b % 2 ? 0xFF00 : 0x00FF;
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                const size_t xb = c * blocks + b;
+                const __m512 both = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_cvtepi32_ps(lanes[c]));
+                acc[c] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d * xd[xb]), both, acc[c], half);
+                if constexpr (dtype == DType::Q4_K) {
+                    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + (first_token * blocks + xb) * 16));
+                    const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, sums));
+                    offset[c] = std::fma(-(m * xd[xb]), static_cast<float>(min_total), offset[c]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            const __m256 folded = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 0)), _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 1)));
+            out[c * N + n] = horizontal_sum(folded) + offset[c];
         }
     }
 }
 
-inline void matmul_rows_integer_avx2(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
+template <DType dtype>
+constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
+
+template <DType dtype, bool wide, int C>
+inline void integer_tile(const std::byte* rows, size_t row_bytes, size_t count, const QuantizedRows& x, size_t first_token, size_t K,
+                         float* out, size_t N) {
+    if constexpr (wide) integer_tile_avx512<dtype, C>(rows, row_bytes, count, x, first_token, K, out, N);
+    else integer_tile_avx2<dtype, C>(rows, row_bytes, count, x, first_token, K, out, N);
+}
+
+// Rows [row_begin, row_end), in blocks of about 256 KB that stay in L2 while every tile of tokens passes over them
+// (8 tokens a tile in AVX-512's 32 registers, 4 in AVX2's 16, then smaller tiles for the rest).
+template <DType dtype, bool wide>
+void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
+    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes), tokens = static_cast<size_t>(T);
+    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
+        const std::byte* rows = w.data + block * row_bytes;
+        const size_t count = std::min(row_end, block + rows_per_block) - block;
+        size_t t = 0;
+        if constexpr (wide)
+            for (; t + 8 <= tokens; t += 8) integer_tile<dtype, wide, 8>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        for (; t + 4 <= tokens; t += 4) integer_tile<dtype, wide, 4>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        for (; t + 2 <= tokens; t += 2) integer_tile<dtype, wide, 2>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        if (t < tokens) integer_tile<dtype, wide, 1>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+    }
+}
+
+template <DType dtype>
+void integer_rows_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    if constexpr (has_avx512_tile<dtype>)
+        if (path == CpuKernels::Avx512 && has_integer_kernel_avx512(dtype)) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
+    integer_rows<dtype, false>(w, x, T, out, row_begin, row_end);
+}
+
+inline void matmul_rows_integer_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
                                      size_t row_end) {
     switch (w.dtype) {
-        case DType::Q8_0: return integer_rows_avx2<DType::Q8_0>(w, x, T, out, row_begin, row_end);
-        case DType::Q4_0: return integer_rows_avx2<DType::Q4_0>(w, x, T, out, row_begin, row_end);
-        case DType::Q4_1: return integer_rows_avx2<DType::Q4_1>(w, x, T, out, row_begin, row_end);
-        case DType::Q5_0: return integer_rows_avx2<DType::Q5_0>(w, x, T, out, row_begin, row_end);
-        case DType::Q5_1: return integer_rows_avx2<DType::Q5_1>(w, x, T, out, row_begin, row_end);
-        case DType::Q2_K: return integer_rows_avx2<DType::Q2_K>(w, x, T, out, row_begin, row_end);
-        case DType::Q3_K: return integer_rows_avx2<DType::Q3_K>(w, x, T, out, row_begin, row_end);
-        case DType::Q4_K: return integer_rows_avx2<DType::Q4_K>(w, x, T, out, row_begin, row_end);
-        case DType::Q5_K: return integer_rows_avx2<DType::Q5_K>(w, x, T, out, row_begin, row_end);
-        case DType::Q6_K: return integer_rows_avx2<DType::Q6_K>(w, x, T, out, row_begin, row_end);
+        case DType::Q8_0: return integer_rows_simd<DType::Q8_0>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q4_0: return integer_rows_simd<DType::Q4_0>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q4_1: return integer_rows_simd<DType::Q4_1>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q5_0: return integer_rows_simd<DType::Q5_0>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q5_1: return integer_rows_simd<DType::Q5_1>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q2_K: return integer_rows_simd<DType::Q2_K>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q3_K: return integer_rows_simd<DType::Q3_K>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q4_K: return integer_rows_simd<DType::Q4_K>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q5_K: return integer_rows_simd<DType::Q5_K>(path, w, x, T, out, row_begin, row_end);
+        case DType::Q6_K: return integer_rows_simd<DType::Q6_K>(path, w, x, T, out, row_begin, row_end);
         default: fail("no integer kernel for ", dtype_block(w.dtype).name, " weights");
     }
 }
 #endif
 
-
 inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
                                 size_t row_end) {
 #ifdef INFER_X86_KERNELS
-    if (path != CpuKernels::Portable) return matmul_rows_integer_avx2(w, x, T, out, row_begin, row_end);  // AVX-512 too
+    if (path != CpuKernels::Portable) return matmul_rows_integer_simd(path, w, x, T, out, row_begin, row_end);
 #endif
     matmul_rows_integer_portable(w, x, T, out, row_begin, row_end);
 }
