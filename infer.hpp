@@ -8098,7 +8098,10 @@ inline Model demo_model() {
 // The block formats of GGUF's quantized types, each decoded to f32 by a plain loop that follows the layout (the
 // comments give it byte by byte; llama.cpp's ggml-quants.c and the GGUF specification are the references). Every
 // product a decoder forms is exact in f32, so a correct decoder is bit-identical to llama.cpp's whatever its order.
-// Cost: a few operations per weight; the forward pass decodes each row tile once per matmul call. (chapter 02)
+// Then the integer kernels: the same blocks read as int8 and multiplied by 8-bit activations, their definition in a
+// portable loop and its AVX2 and AVX-512 twins, which decode the blocks in registers. Cost: a few operations per weight
+// to decode; at decode time the integer kernels are bound by the weights' bytes, in prefill by their instructions per
+// 32-weight chunk and token. (chapter 02)
 
 namespace detail {
 
@@ -8483,9 +8486,9 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
 
 #ifdef INFER_X86_KERNELS
 // ---- The integer dot in AVX2 ----------------------------------------------------------------------------------------
-// The same lanes and steps, with each row's eight float sums per token held in one register from the first block to
-// the last. A Q8_0/Q4_*/Q5_* block is decoded straight into a register; a K-quant block into an IntegerBlock on the
-// stack (SIMD for Q4_K, Q5_K and Q6_K, the decoder above for Q2_K and Q3_K), read back chunk by chunk. Either way a
+// The same lanes and steps, with each row's sixteen float sums per token held in two registers (even and odd
+// blocks) from the first block to the last. Q8_0, Q4_*, Q5_*, Q4_K, Q5_K and Q6_K blocks are decoded straight into
+// registers, 32 weights at a time; Q2_K and Q3_K blocks by the decoder above into an IntegerBlock on the stack. A
 // block is decoded once per tile of C tokens, and each of its 32-weight chunks costs a token four instructions:
 // maddubs multiplies unsigned by signed bytes and adds pairs into 16 bits (a signed weight's sign moves onto the
 // activation), madd adds those pairs into the eight lanes, times the chunk's scales.
