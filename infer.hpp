@@ -8219,6 +8219,15 @@ inline void k_scale_min(const std::byte* s, int j, int& sc, int& m) {
     }
 }
 
+// k_scale_min for all eight sub-blocks at once, as bytes j of two words: the 12 bytes read as three 32-bit words
+// s0, s1, s2, each byte's fields moved by the same shifts and masks.
+inline void k_scales_and_mins(const std::byte* s, uint64_t& scales, uint64_t& minimums) {
+    uint32_t w[3];
+    std::memcpy(w, s, 12);
+    scales = (w[0] & 0x3F3F3F3Fu) | uint64_t{(w[2] & 0x0F0F0F0Fu) | ((w[0] >> 6) & 0x03030303u) << 4} << 32;
+    minimums = (w[1] & 0x3F3F3F3Fu) | uint64_t{((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 6) & 0x03030303u) << 4} << 32;
+}
+
 // Q4_K, 144 bytes: d, dmin (f16), 12 scale bytes, qs[128]. Four groups of 64 weights, group g in qs[32g..32g+31]:
 // the low nibbles are sub-block 2g, the high nibbles sub-block 2g+1. w = (d·sc)·q − (dmin·m).
 // Q5_K, 176 bytes: d, dmin, 12 scale bytes, qh[32], qs[128]: the same, with a fifth bit per weight in qh (bit 2g of
@@ -8565,13 +8574,8 @@ template <DType dtype, int C>
     if constexpr (dtype == DType::Q4_K || dtype == DType::Q5_K) {
         d = f16_at_avx2(b);
         m = f16_at_avx2(b + 2);
-        // k_scale_min for all eight sub-blocks at once: 12 bytes as three words s0, s1, s2.
-        uint32_t s[3];
-        std::memcpy(s, b + 4, 12);
-        const uint64_t scales = (s[0] & 0x3F3F3F3Fu) |
-                                uint64_t{(s[2] & 0x0F0F0F0Fu) | ((s[0] >> 6) & 0x03030303u) << 4} << 32;
-        const uint64_t minimums = (s[1] & 0x3F3F3F3Fu) |
-                                  uint64_t{((s[2] >> 4) & 0x0F0F0F0Fu) | ((s[1] >> 6) & 0x03030303u) << 4} << 32;
+        uint64_t scales, minimums;
+        k_scales_and_mins(b + 4, scales, minimums);
         const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
         mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));  // one per 16 weights
         const __m256i scale16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
@@ -8760,12 +8764,8 @@ template <DType dtype, int C>
     if constexpr (dtype == DType::Q4_K) {
         d = f16_at_avx2(b);
         m = f16_at_avx2(b + 2);
-        uint32_t s[3];  // k_scale_min for all eight sub-blocks, as in k_block_lanes_avx2
-        std::memcpy(s, b + 4, 12);
-        const uint64_t scales = (s[0] & 0x3F3F3F3Fu) |
-                                uint64_t{(s[2] & 0x0F0F0F0Fu) | ((s[0] >> 6) & 0x03030303u) << 4} << 32;
-        const uint64_t minimums = (s[1] & 0x3F3F3F3Fu) |
-                                  uint64_t{((s[2] >> 4) & 0x0F0F0F0Fu) | ((s[1] >> 6) & 0x03030303u) << 4} << 32;
+        uint64_t scales, minimums;
+        k_scales_and_mins(b + 4, scales, minimums);
         const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
         mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));
         const __m512i scale16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
