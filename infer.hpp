@@ -8373,8 +8373,8 @@ struct IntegerBlock {
     float m = 0;        // Q4_1, Q5_1: the minimum m added to each weight; Q2_K, Q4_K, Q5_K: dmin
 };
 
-inline bool integer_min_per_block(DType dtype) { return dtype == DType::Q4_1 || dtype == DType::Q5_1; }
-inline bool integer_min_per_sub_block(DType dtype) {
+constexpr bool integer_min_per_block(DType dtype) { return dtype == DType::Q4_1 || dtype == DType::Q5_1; }
+constexpr bool integer_min_per_sub_block(DType dtype) {
     return dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K;
 }
 
@@ -8652,7 +8652,7 @@ template <DType dtype, int C>
         k_block_lanes_avx2<dtype, C>(block, xq, K, lanes, d, m, mins);
     } else {
         d = f16_at_avx2(block);
-        if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) m = f16_at_avx2(block + 2);
+        if constexpr (integer_min_per_block(dtype)) m = f16_at_avx2(block + 2);
         constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q5_0;
         add_chunk_avx2<signed_weights, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq, K);
     }
@@ -8660,9 +8660,9 @@ template <DType dtype, int C>
     for (int c = 0; c < C; ++c) {
         const size_t xb = x_block + c * blocks;
         sums[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[xb]), _mm256_cvtepi32_ps(lanes[c]), sums[c]);
-        if constexpr (dtype == DType::Q4_1 || dtype == DType::Q5_1) {
+        if constexpr (integer_min_per_block(dtype)) {
             offset[c] = std::fma(m, x.s[xb], offset[c]);
-        } else if constexpr (dtype == DType::Q2_K || dtype == DType::Q4_K || dtype == DType::Q5_K) {
+        } else if constexpr (integer_min_per_sub_block(dtype)) {
             const __m256i x_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + xb * 16));
             const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, x_sums));
             offset[c] = std::fma(-(m * x.d[xb]), static_cast<float>(min_total), offset[c]);
@@ -8852,7 +8852,7 @@ template <DType dtype, int C>
                 const size_t xb = c * blocks + b;
                 const __m512 both = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_cvtepi32_ps(lanes[c]));
                 acc[c] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d * xd[xb]), both, acc[c], half);
-                if constexpr (dtype == DType::Q4_K) {
+                if constexpr (integer_min_per_sub_block(dtype)) {
                     const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + (first_token * blocks + xb) * 16));
                     const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, sums));
                     offset[c] = std::fma(-(m * xd[xb]), static_cast<float>(min_total), offset[c]);
