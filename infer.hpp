@@ -8515,6 +8515,14 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
     return _mm_cvtsi128_si32(sum);
 }
 
+// Lane c = the sum of v[c]'s eight lanes, for eight vectors at once: a tree of horizontal adds (integers, so exact).
+[[gnu::target("avx2,fma,f16c")]] inline __m256i sum_each_i32(const __m256i (&v)[8]) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i low = _mm256_hadd_epi32(h01, h23), high = _mm256_hadd_epi32(h45, h67);  // halves of v[0..3], v[4..7]
+    return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+}
+
 // Bit k of `bits` as 0x10 in byte k: the fifth bits of a Q5_0/Q5_1 block (byte k/8 of the word spread over bytes
 // 8·(k/8)…, then each byte keeps its own bit).
 [[gnu::target("avx2,fma,f16c")]] inline __m256i fifth_bits_avx2(uint32_t bits) {
@@ -8810,12 +8818,14 @@ template <DType dtype, int C>
     const size_t blocks = K / B, block_bytes = row_bytes / blocks;
     const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + b·B
     const float* xd = x.d.data() + first_token * blocks;
+    const __m256i token_strides = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(blocks)));
+    const __m256 token_mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(C), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     for (size_t n = 0; n < rows; ++n) {
         const std::byte* row = weights + n * row_bytes;
         __m512 acc[C];
-        float offset[C];
+        __m256 offsets = _mm256_setzero_ps();  // token c's offset in lane c
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps(), offset[c] = 0.0f;
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
         size_t b = 0;
         if constexpr (!is_k_quant<dtype>) {
             for (; b + 2 <= blocks; b += 2) {
@@ -8847,18 +8857,36 @@ template <DType dtype, int C>
                 d = f16_at_avx2(block);
             }
             const __mmask16 half = b % 2 ? 0xFF00 : 0x00FF;
+            // The tokens' d_x side by side, so d_w·d_x, and the minimums' −dmin·d_x, take one multiply for all (a
+            // tile of one or two tokens does the same steps one token at a time).
+            // (A gather, not stores to an array read back as a vector: a wide load of narrow stores waits for them.)
+            const __m256 d_x_tokens = C == 1 ? _mm256_zextps128_ps256(_mm_load_ss(xd + b))
+                                             : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xd + b, token_strides, token_mask, 4);
+            alignas(32) float scale[8];
+            _mm256_store_ps(scale, _mm256_mul_ps(_mm256_set1_ps(d), d_x_tokens));
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
-                const size_t xb = c * blocks + b;
                 const __m512 both = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_cvtepi32_ps(lanes[c]));
-                acc[c] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d * xd[xb]), both, acc[c], half);
-                if constexpr (integer_min_per_sub_block(dtype)) {
-                    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + (first_token * blocks + xb) * 16));
-                    const int32_t min_total = horizontal_sum_i32(_mm256_madd_epi16(mins, sums));
-                    offset[c] = std::fma(-(m * xd[xb]), static_cast<float>(min_total), offset[c]);
+                acc[c] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(scale[c]), both, acc[c], half);
+            }
+            if constexpr (integer_min_per_sub_block(dtype)) {  // Σ_g min_g·(sum of x over g), lane c for token c
+                __m256i products[8];
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; ++c)
+                    products[c] = c < C ? _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                                      x.sums.data() + ((first_token + c) * blocks + b) * 16)))
+                                        : _mm256_setzero_si256();
+                __m256i totals;
+                if constexpr (C > 2) {
+                    totals = sum_each_i32(products);
+                } else {
+                    totals = _mm256_setr_epi32(horizontal_sum_i32(products[0]), C > 1 ? horizontal_sum_i32(products[1]) : 0, 0, 0, 0, 0, 0, 0);
                 }
+                offsets = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-m), d_x_tokens), _mm256_cvtepi32_ps(totals), offsets);
             }
         }
+        alignas(32) float offset[8];
+        _mm256_store_ps(offset, offsets);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m256 folded = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 0)), _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 1)));
