@@ -8857,9 +8857,9 @@ template <DType dtype, int C>
                 d = f16_at_avx2(block);
             }
             const __mmask16 half = b % 2 ? 0xFF00 : 0x00FF;
-            // The tokens' d_x side by side, so d_w·d_x, and the minimums' −dmin·d_x, take one multiply for all (a
-            // tile of one or two tokens does the same steps one token at a time).
-            // (A gather, not stores to an array read back as a vector: a wide load of narrow stores waits for them.)
+            // The tokens' d_x side by side, so d_w·d_x, and the minimums' −dmin·d_x, take one multiply for all. A
+            // gather (one token: a plain load), not stores to an array read back as a vector: a wide load of narrow
+            // stores waits for them, a stall per block that halved decode.
             const __m256 d_x_tokens = C == 1 ? _mm256_zextps128_ps256(_mm_load_ss(xd + b))
                                              : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xd + b, token_strides, token_mask, 4);
             alignas(32) float scale[8];
