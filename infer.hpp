@@ -8710,9 +8710,9 @@ template <DType dtype, int C>
 // the activation by a masked negation. Q8_0, Q4_0, Q4_K and Q6_K (the types of Q8_0, Q4_0 and Q4_K_M files) have this
 // kernel; the other types, and AVX-512 CPUs without VNNI, run the AVX2 one (same bits).
 
-inline bool has_integer_kernel_avx512(DType dtype) {
+inline bool cpu_runs_integer_avx512() {
     static const bool vnni = cpu_supports(CpuKernels::Avx512) && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
-    return vnni && (dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K);
+    return vnni;
 }
 
 // Blocks b and b + 1 of a Q8_0 or Q4_0 row (block_bytes apart) as 64 int8 weights.
@@ -8895,6 +8895,7 @@ template <DType dtype, int C>
     }
 }
 
+// The types with an AVX-512 tile (the types of Q8_0, Q4_0 and Q4_K_M files); the others take the AVX2 one.
 template <DType dtype>
 constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
 
@@ -8927,7 +8928,7 @@ void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, si
 template <DType dtype>
 void integer_rows_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
     if constexpr (has_avx512_tile<dtype>)
-        if (path == CpuKernels::Avx512 && has_integer_kernel_avx512(dtype)) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
+        if (path == CpuKernels::Avx512 && cpu_runs_integer_avx512()) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
     integer_rows<dtype, false>(w, x, T, out, row_begin, row_end);
 }
 
