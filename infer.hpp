@@ -445,6 +445,9 @@ struct Tensor {
     DType dtype = DType::F32;        // the stored type: the forward pass converts in registers, never in memory
     std::vector<int64_t> shape;      // outermost first: [N, K] for a matrix
     const std::byte* data = nullptr; // into the mapping: no copy, so loading costs no time per weight
+    // Q4_0 matrices of a loaded Model: the same blocks interleaved sixteen rows at a time, the layout the CPU's integer
+    // kernel reads fastest (appendix H); null elsewhere, and the kernels interleave on the fly.
+    const std::byte* row_groups = nullptr;
 
     bool empty() const { return data == nullptr; }
     int64_t elements() const {
@@ -749,6 +752,9 @@ inline void validate_model(const Model& m) {
         fail(m.source, ": the vocabulary has ", m.vocab.pieces.size(), " tokens but the model's embedding has ",
              c.vocab_size, " rows");
 }
+
+// Q4_0 matrices interleaved for the CPU's integer kernel, kept beside the mapping (appendix H).
+inline void add_row_groups(Model& model);
 
 // Reads fields of config.json with messages that name the file and the field.
 class ConfigReader {
@@ -1280,6 +1286,7 @@ inline Model load_gguf(const std::filesystem::path& path, FileAccess access = Fi
     }
     model.vocab = detail::vocabulary_from_gguf(gguf);
     detail::validate_model(model);
+    detail::add_row_groups(model);
     return model;
 }
 
@@ -2328,7 +2335,8 @@ struct QuantizedRows {
     std::vector<int8_t> q;       // [T, K]
     std::vector<float> d;        // [T, K / block]
     std::vector<float> s;        // [T, K / 32], blocks of 32 only: Q8_1's s, d·Σq with the unrounded d, as f16
-    std::vector<int16_t> sums;   // [T, K / 16], Q8_K only: what the K-quants' minimums multiply
+    std::vector<int16_t> sums;   // Q8_K: [T, K / 16], what the K-quants' minimums multiply; blocks of 32: [T, K / 32],
+                                 // Σq of each block, what Q4_0's offset of −8 multiplies
 };
 
 // Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
@@ -8322,7 +8330,7 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
     out.q.resize(static_cast<size_t>(T) * K);
     out.d.resize(static_cast<size_t>(T) * blocks);
     out.s.resize(block == 32 ? static_cast<size_t>(T) * blocks : 0);
-    out.sums.resize(block == 256 ? static_cast<size_t>(T) * (K / 16) : 0);
+    out.sums.resize(block == 256 ? static_cast<size_t>(T) * (K / 16) : static_cast<size_t>(T) * blocks);
     for (size_t b = 0; b < static_cast<size_t>(T) * blocks; ++b) {
         const float* v = x + b * static_cast<size_t>(block);
         int8_t* q = out.q.data() + b * static_cast<size_t>(block);
@@ -8334,6 +8342,7 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
             int sum = 0;
             for (int i = 0; i < 32; ++i) sum += q[i] = static_cast<int8_t>(std::nearbyint(v[i] * scale));
             out.s[b] = f16_round(amax / 127.0f * static_cast<float>(sum));
+            out.sums[b] = static_cast<int16_t>(sum);
         } else {
             const float extreme = signed_extreme(v, 256);
             const float scale = extreme != 0.0f ? -127.0f / extreme : 0.0f;
@@ -8363,6 +8372,12 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
 // bytes, so its twin keeps a row's sums in two registers from the first block to the last and folds once; every step
 // that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never depends on its
 // batch-mates.
+//
+// Q4_0 is summed the other way, the way llama.cpp sums the Q4_0 rows it repacks: per block one exact integer
+//     s = Σ_k (nibble_k − 8)·q_x[k] = Σ_k nibble_k·q_x[k] − 8·Σ_k q_x[k]
+// and per row and token one chain over the blocks, acc = fma(d_w·d_x, s, acc), the dot being acc. A block's sum is one
+// number, not eight lanes, so its rows can be stored interleaved sixteen at a time (row groups, below): one register
+// then holds four columns of sixteen rows, and one multiply applies sixteen rows' scales.
 
 // One weight block decoded for the integer dot.
 struct IntegerBlock {
@@ -8481,8 +8496,24 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t blocks = K / static_cast<size_t>(x.block);
     const size_t block_bytes = static_cast<size_t>(dtype_block(w.dtype).bytes), row_bytes = blocks * block_bytes;
-    thread_local std::vector<float> sums;  // [T, 17]: each token's sixteen lanes and offset
+    thread_local std::vector<float> sums;  // [T, 17]: each token's sixteen lanes and offset (Q4_0: its one chain)
     IntegerBlock block;
+    if (w.dtype == DType::Q4_0) {
+        for (size_t n = row_begin; n < row_end; ++n) {
+            sums.assign(static_cast<size_t>(T), 0.0f);
+            for (size_t b = 0; b < blocks; ++b) {
+                decode_integer_block(w.dtype, w.data + n * row_bytes + b * block_bytes, block);  // nibbles − 8
+                for (int t = 0; t < T; ++t) {
+                    const size_t xb = static_cast<size_t>(t) * blocks + b;
+                    int32_t s = 0;
+                    for (int k = 0; k < 32; ++k) s += block.q[k] * x.q[xb * 32 + static_cast<size_t>(k)];
+                    sums[t] = std::fma(block.d * x.d[xb], static_cast<float>(s), sums[t]);
+                }
+            }
+            for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = sums[t];
+        }
+        return;
+    }
     for (size_t n = row_begin; n < row_end; ++n) {
         sums.assign(static_cast<size_t>(T) * 17, 0.0f);
         for (size_t b = 0; b < blocks; ++b) {
@@ -8490,6 +8521,41 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
             for (int t = 0; t < T; ++t) add_integer_block(w.dtype, block, x, static_cast<size_t>(t) * blocks + b, b % 2, &sums[t * 17]);
         }
         for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = fold_lanes(&sums[t * 17]) + sums[t * 17 + 16];
+    }
+}
+
+// ---- Q4_0 row groups ------------------------------------------------------------------------------------------------
+// Rows 16g…16g + 15 of a Q4_0 matrix side by side: first, block after block, the 16 × 16 bytes of nibbles, four bytes
+// of each row in turn (bytes 4m…4m + 3 of rows 0…15, for m = 0…3: 64 bytes whose low nibbles are columns 4m…4m + 3
+// of the sixteen rows and whose high nibbles are columns 16 + 4m…), then every block's sixteen f16 scales. The same
+// 18 bytes a block per row as the file, rearranged once at load time; rows past the matrix's end are zero.
+constexpr size_t q4_0_group_rows = 16;
+inline size_t q4_0_group_bytes(size_t blocks) { return blocks * (256 + 32); }
+
+inline void interleave_q4_0_group(const std::byte* matrix, size_t N, size_t blocks, size_t group, std::byte* out) {
+    std::byte* nibbles = out;
+    std::byte* scales = out + blocks * 256;
+    const size_t first = group * q4_0_group_rows, rows = std::min(q4_0_group_rows, N - first);
+    if (rows < q4_0_group_rows) std::memset(out, 0, q4_0_group_bytes(blocks));
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t b = 0; b < blocks; ++b) {
+            const std::byte* block = matrix + ((first + r) * blocks + b) * 18;
+            std::memcpy(scales + b * 32 + 2 * r, block, 2);
+            for (size_t m = 0; m < 4; ++m) std::memcpy(nibbles + b * 256 + 64 * m + 4 * r, block + 2 + 4 * m, 4);
+        }
+}
+
+inline void add_row_groups(Model& model) {
+    std::vector<Tensor*> matrices = {&model.lm_head};
+    for (LayerWeights& layer : model.layers)
+        for (Tensor* t : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) matrices.push_back(t);
+    for (Tensor* t : matrices) {
+        if (t->dtype != DType::Q4_0 || t->empty()) continue;
+        const size_t N = static_cast<size_t>(t->rows()), blocks = static_cast<size_t>(t->cols()) / 32;
+        const size_t groups = (N + q4_0_group_rows - 1) / q4_0_group_rows, group_bytes = q4_0_group_bytes(blocks);
+        std::vector<std::byte>& storage = model.owned.emplace_back(groups * group_bytes);
+        for (size_t g = 0; g < groups; ++g) interleave_q4_0_group(t->data, N, blocks, g, storage.data() + g * group_bytes);
+        t->row_groups = storage.data();
     }
 }
 
@@ -8532,7 +8598,7 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// A Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 block's 32 weights as int8 (decode_integer_block's values).
+// A Q8_0, Q4_1, Q5_0 or Q5_1 block's 32 weights as int8 (decode_integer_block's values).
 template <DType dtype>
 [[gnu::target("avx2,fma,f16c")]] inline __m256i chunk_avx2(const std::byte* b) {
     if constexpr (dtype == DType::Q8_0) {
@@ -8661,7 +8727,7 @@ template <DType dtype, int C>
     } else {
         d = f16_at_avx2(block);
         if constexpr (integer_min_per_block(dtype)) m = f16_at_avx2(block + 2);
-        constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q5_0;
+        constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q5_0;
         add_chunk_avx2<signed_weights, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq, K);
     }
 #pragma GCC unroll 8
@@ -8707,28 +8773,19 @@ template <DType dtype, int C>
 // of sixteen float sums per token carries both, and the fold at the end adds its halves first, as fold_lanes does.
 // VNNI's vpdpbusd multiplies unsigned by signed bytes and adds each four products into a lane in one instruction, exact
 // (no 16-bit step), where AVX2 needs maddubs and madd. AVX-512 has no byte `sign`, so a signed weight's sign moves onto
-// the activation by a masked negation. Q8_0, Q4_0, Q4_K and Q6_K (the types of Q8_0, Q4_0 and Q4_K_M files) have this
-// kernel; the other types, and AVX-512 CPUs without VNNI, run the AVX2 one (same bits).
+// the activation by a masked negation. Q8_0, Q4_K and Q6_K (the types of Q8_0 and Q4_K_M files) have this kernel; the
+// other types, and AVX-512 CPUs without VNNI, run the AVX2 one (same bits). Q4_0 has its own, on row groups (below).
 
 inline bool cpu_runs_integer_avx512() {
     static const bool vnni = cpu_supports(CpuKernels::Avx512) && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
     return vnni;
 }
 
-// Blocks b and b + 1 of a Q8_0 or Q4_0 row (block_bytes apart) as 64 int8 weights.
-template <DType dtype>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i two_blocks_avx512(const std::byte* b,
-                                                                                                        size_t block_bytes) {
-    if constexpr (dtype == DType::Q8_0) {
-        return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))),
-                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + block_bytes + 2)), 1);
-    } else {  // Q4_0: [low nibbles of b, high nibbles of b, low of b + 1, high of b + 1], each minus 8
-        const __m256i packed = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + block_bytes + 2)),
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
-        const __m512i twice = _mm512_maskz_permutexvar_epi64(0xFF, _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(packed));
-        const __m512i nibbles = _mm512_mask_blend_epi64(0xCC, twice, _mm512_srli_epi16(twice, 4));
-        return _mm512_sub_epi8(_mm512_and_si512(nibbles, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
-    }
+// Blocks b and b + 1 of a Q8_0 row (block_bytes apart) as 64 int8 weights.
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i two_q8_0_blocks_avx512(const std::byte* b,
+                                                                                                             size_t block_bytes) {
+    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))),
+                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + block_bytes + 2)), 1);
 }
 
 // lanes[c] += the four-product lanes of 64 weights against token c's 64 activations (at xq + c·stride): signed
@@ -8833,7 +8890,7 @@ template <DType dtype, int C>
                 __m512i lanes[C];
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) lanes[c] = _mm512_setzero_si512();
-                add_pair_avx512<true, false, C>(lanes, two_blocks_avx512<dtype>(block, block_bytes), _mm512_setzero_si512(), xq + b * B, K);
+                add_pair_avx512<true, false, C>(lanes, two_q8_0_blocks_avx512(block, block_bytes), _mm512_setzero_si512(), xq + b * B, K);
                 const __m512 d_w = _mm512_maskz_insertf32x8(0xFFFF, _mm512_set1_ps(f16_at_avx2(block)), _mm256_set1_ps(f16_at_avx2(block + block_bytes)), 1);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {  // d_w·d_x for both blocks, then the multiply-add of all sixteen lanes
@@ -8895,9 +8952,134 @@ template <DType dtype, int C>
     }
 }
 
-// The types with an AVX-512 tile (the types of Q8_0, Q4_0 and Q4_K_M files); the others take the AVX2 one.
+// ---- Q4_0 row groups in AVX2 and AVX-512 ----------------------------------------------------------------------------
+// Four bytes of a token's block, broadcast, meet four columns of every row of the group at once: AVX-512's vpdpbusd
+// adds the four products of each row into its own lane (sixteen rows a register), AVX2's maddubs adds pairs into 16
+// bits (eight rows a register), summed over the block's eight column groups before one madd widens them (at most
+// 8 · 2 · 15 · 127 = 30480, so 16 bits hold it exactly). The nibbles enter unsigned, 0…15, and the −8 comes back as
+// −8·Σq_x, the register's starting value. Then per block and token one multiply of the sixteen rows' d_w by d_x and one
+// multiply-add: the definition's chain, in sixteen lanes at once. Rows outside [lo, hi) of the group are not stored.
+
+inline int32_t load_i32(const int8_t* p) {
+    int32_t value;
+    std::memcpy(&value, p, 4);
+    return value;
+}
+
+template <int C>
+[[gnu::target("avx2,fma,f16c")]] void q4_0_group_avx2(const std::byte* group, size_t blocks, const QuantizedRows& x, size_t first_token,
+                                                      size_t K, float* out, size_t N, size_t lo, size_t hi) {
+    const std::byte* scales = group + blocks * 256;
+    const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + 32·b
+    const float* xd = x.d.data() + first_token * blocks;
+    const int16_t* xs = x.sums.data() + first_token * blocks;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (size_t half = 0; half < 2; ++half) {  // rows 0…7, then 8…15
+        __m256 acc[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+        for (size_t b = 0; b < blocks; ++b) {
+            __m256i pairs[C];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) pairs[c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; ++m) {
+                const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * 256 + 64 * m + 32 * half));
+                const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    const int8_t* xb = xq + c * K + 32 * b;
+                    pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xb + 4 * m))));
+                    pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xb + 16 + 4 * m))));
+                }
+            }
+            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * 32 + 16 * half)));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs[c], ones), _mm256_set1_epi32(-8 * xs[c * blocks + b]));
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d_w, _mm256_set1_ps(xd[c * blocks + b])), _mm256_cvtepi32_ps(s), acc[c]);
+            }
+        }
+        const __m256i row = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(8 * half)));
+        const __m256i keep = _mm256_and_si256(_mm256_cmpgt_epi32(row, _mm256_set1_epi32(static_cast<int>(lo) - 1)),
+                                              _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi)), row));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) _mm256_maskstore_ps(out + c * N + 8 * half, keep, acc[c]);
+    }
+}
+
+template <int C>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] void q4_0_group_avx512(const std::byte* group, size_t blocks,
+                                                                                           const QuantizedRows& x, size_t first_token,
+                                                                                           size_t K, float* out, size_t N, size_t lo,
+                                                                                           size_t hi) {
+    const std::byte* scales = group + blocks * 256;
+    const int8_t* xq = x.q.data() + first_token * K;
+    const float* xd = x.d.data() + first_token * blocks;
+    const int16_t* xs = x.sums.data() + first_token * blocks;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+        __m512i s[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) s[c] = _mm512_set1_epi32(-8 * xs[c * blocks + b]);
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; ++m) {
+            const __m512i packed = _mm512_loadu_si512(group + b * 256 + 64 * m);
+            const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                const int8_t* xb = xq + c * K + 32 * b;
+                s[c] = _mm512_dpbusd_epi32(s[c], low, _mm512_set1_epi32(load_i32(xb + 4 * m)));
+                s[c] = _mm512_dpbusd_epi32(s[c], high, _mm512_set1_epi32(load_i32(xb + 16 + 4 * m)));
+            }
+        }
+        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, _mm512_set1_ps(xd[c * blocks + b])), _mm512_maskz_cvtepi32_ps(0xFFFF, s[c]), acc[c]);
+    }
+    const __mmask16 keep = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + c * N, keep, acc[c]);
+}
+
+// Rows [row_begin, row_end) of a Q4_0 matrix, group by group (interleaved here when the tensor has no row groups of
+// its own), every tile of tokens passing over a group while it sits in L1.
+template <bool wide>
+void q4_0_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows()), blocks = K / 32;
+    const size_t group_bytes = q4_0_group_bytes(blocks), tokens = static_cast<size_t>(T);
+    thread_local std::vector<std::byte> interleaved;
+    for (size_t g = row_begin / q4_0_group_rows; g * q4_0_group_rows < row_end; ++g) {
+        const std::byte* group;
+        if (w.row_groups) {
+            group = w.row_groups + g * group_bytes;
+        } else {
+            interleaved.resize(group_bytes);
+            interleave_q4_0_group(w.data, N, blocks, g, interleaved.data());
+            group = interleaved.data();
+        }
+        const size_t first = g * q4_0_group_rows, lo = std::max(row_begin, first) - first;
+        const size_t hi = std::min(row_end, first + q4_0_group_rows) - first;
+        auto tile = [&]<int C>(size_t t) {
+            if constexpr (wide) q4_0_group_avx512<C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
+            else q4_0_group_avx2<C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
+        };
+        size_t t = 0;
+        if constexpr (wide)
+            for (; t + 8 <= tokens; t += 8) tile.template operator()<8>(t);
+        for (; t + 4 <= tokens; t += 4) tile.template operator()<4>(t);
+        for (; t + 2 <= tokens; t += 2) tile.template operator()<2>(t);
+        if (t < tokens) tile.template operator()<1>(t);
+    }
+}
+
+// The types with an AVX-512 tile (the types of Q8_0 and Q4_K_M files); the others take the AVX2 one.
 template <DType dtype>
-constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
+constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
 
 template <DType dtype, bool wide, int C>
 inline void integer_tile(const std::byte* rows, size_t row_bytes, size_t count, const QuantizedRows& x, size_t first_token, size_t K,
@@ -8927,9 +9109,15 @@ void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, si
 
 template <DType dtype>
 void integer_rows_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
-    if constexpr (has_avx512_tile<dtype>)
-        if (path == CpuKernels::Avx512 && cpu_runs_integer_avx512()) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
-    integer_rows<dtype, false>(w, x, T, out, row_begin, row_end);
+    const bool wide = path == CpuKernels::Avx512 && cpu_runs_integer_avx512();
+    if constexpr (dtype == DType::Q4_0) {
+        if (wide) q4_0_rows<true>(w, x, T, out, row_begin, row_end);
+        else q4_0_rows<false>(w, x, T, out, row_begin, row_end);
+    } else {
+        if constexpr (has_avx512_tile<dtype>)
+            if (wide) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
+        integer_rows<dtype, false>(w, x, T, out, row_begin, row_end);
+    }
 }
 
 inline void matmul_rows_integer_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
