@@ -8374,11 +8374,13 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
 // that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never depends on its
 // batch-mates.
 //
-// Q4_0 is summed the other way, the way llama.cpp sums the Q4_0 rows it repacks: per block one exact integer
-//     s = Σ_k (nibble_k − 8)·q_x[k] = Σ_k nibble_k·q_x[k] − 8·Σ_k q_x[k]
-// and per row and token one chain over the blocks, acc = fma(d_w·d_x, s, acc), the dot being acc. A block's sum is one
-// number, not eight lanes, so its rows can be stored interleaved sixteen at a time (row groups, below): one register
-// then holds four columns of sixteen rows, and one multiply applies sixteen rows' scales.
+// Q4_0 and Q4_K are summed the other way, the way llama.cpp sums the rows it repacks: per block exact integers
+//     Q4_0:  s = Σ_k (nibble_k − 8)·q_x[k] = Σ_k nibble_k·q_x[k] − 8·Σ_k q_x[k]
+//     Q4_K:  s = Σ_j sc_j·Σ_{k in sub-block j} q_k·q_x[k],   mins = Σ_j m_j·(the sum of sub-block j's 32 q_x)
+// and per row and token one chain over the blocks, acc = fma(d_w·d_x, s, acc), Q4_K's followed by
+// acc = fma(−dmin·d_x, mins, acc), the dot being acc. A block's sum is one number, not eight lanes, so their rows can be
+// stored interleaved sixteen at a time (row groups, below): one register then holds four columns of sixteen rows, and
+// one multiply applies sixteen rows' scales.
 
 // One weight block decoded for the integer dot.
 struct IntegerBlock {
@@ -8491,25 +8493,38 @@ inline void add_integer_block(DType dtype, const IntegerBlock& w, const Quantize
     }
 }
 
+// The types summed in one chain, whose rows can be kept as row groups.
+constexpr bool has_row_groups(DType dtype) { return dtype == DType::Q4_0 || dtype == DType::Q4_K; }
+
+// One block's step of a Q4_0 or Q4_K chain (Q4_0's weights already minus 8, its scales 1).
+inline float add_grouped_block(DType dtype, const IntegerBlock& w, const QuantizedRows& x, size_t x_block, float acc) {
+    const int B = x.block;
+    const int8_t* xq = x.q.data() + x_block * static_cast<size_t>(B);
+    int32_t s = 0;
+    for (int k = 0; k < B; ++k) s += w.scale[k / 16] * (w.q[k] * xq[k]);
+    acc = std::fma(w.d * x.d[x_block], static_cast<float>(s), acc);
+    if (dtype == DType::Q4_K) {
+        int32_t mins = 0;
+        for (int g = 0; g < 16; ++g) mins += w.min[g] * x.sums[x_block * 16 + static_cast<size_t>(g)];
+        acc = std::fma(-(w.m * x.d[x_block]), static_cast<float>(mins), acc);
+    }
+    return acc;
+}
+
 // Rows [row_begin, row_end) of out[T, N] against the T quantized tokens: each block decoded once, used by every token.
 inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
                                          size_t row_end) {
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t blocks = K / static_cast<size_t>(x.block);
     const size_t block_bytes = static_cast<size_t>(dtype_block(w.dtype).bytes), row_bytes = blocks * block_bytes;
-    thread_local std::vector<float> sums;  // [T, 17]: each token's sixteen lanes and offset (Q4_0: its one chain)
+    thread_local std::vector<float> sums;  // [T, 17]: each token's sixteen lanes and offset (row-group types: one chain)
     IntegerBlock block;
-    if (w.dtype == DType::Q4_0) {
+    if (has_row_groups(w.dtype)) {
         for (size_t n = row_begin; n < row_end; ++n) {
             sums.assign(static_cast<size_t>(T), 0.0f);
             for (size_t b = 0; b < blocks; ++b) {
-                decode_integer_block(w.dtype, w.data + n * row_bytes + b * block_bytes, block);  // nibbles − 8
-                for (int t = 0; t < T; ++t) {
-                    const size_t xb = static_cast<size_t>(t) * blocks + b;
-                    int32_t s = 0;
-                    for (int k = 0; k < 32; ++k) s += block.q[k] * x.q[xb * 32 + static_cast<size_t>(k)];
-                    sums[t] = std::fma(block.d * x.d[xb], static_cast<float>(s), sums[t]);
-                }
+                decode_integer_block(w.dtype, w.data + n * row_bytes + b * block_bytes, block);
+                for (int t = 0; t < T; ++t) sums[t] = add_grouped_block(w.dtype, block, x, static_cast<size_t>(t) * blocks + b, sums[t]);
             }
             for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * N + n] = sums[t];
         }
@@ -8525,44 +8540,59 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
     }
 }
 
-// ---- Q4_0 row groups ------------------------------------------------------------------------------------------------
-// Rows 16g…16g + 15 of a Q4_0 matrix side by side: first, block after block, the 16 × 16 bytes of nibbles, four bytes
-// of each row in turn (bytes 4m…4m + 3 of rows 0…15, for m = 0…3: 64 bytes whose low nibbles are columns 4m…4m + 3
-// of the sixteen rows and whose high nibbles are columns 16 + 4m…), then every block's sixteen f16 scales. The same
-// 18 bytes a block per row as the file, rearranged once at load time; rows past the matrix's end are zero.
-constexpr size_t q4_0_group_rows = 16;
-inline size_t q4_0_group_bytes(size_t blocks) { return blocks * (256 + 32); }
+// ---- Row groups -----------------------------------------------------------------------------------------------------
+// Rows 16g…16g + 15 of a Q4_0 or Q4_K matrix side by side, so that one 64-byte load holds four columns of all sixteen.
+// The nibbles of each block are regrouped four bytes of each row in turn: bytes 4m…4m + 3 of rows 0…15 make 64 bytes
+// whose low nibbles are columns 4m…4m + 3 of sixteen rows (Q4_0: and whose high nibbles are columns 16 + 4m…). Per
+// block, in order:
+//     Q4_0 (288 bytes):   nibbles (4 × 64 bytes), then the sixteen rows' f16 d (32 bytes)
+//     Q4_K (2368 bytes):  for each pair of sub-blocks 2p, 2p + 1 (low and high nibbles of the file's qs[32p…32p + 31])
+//                         the 8 × 64 bytes of bytes 4m…4m + 3; then the 6-bit scales unpacked, sub-block j's sixteen
+//                         at 2048 + 16j, the minimums at 2176 + 16j, the sixteen f16 d at 2304 and dmin at 2336
+// The same bits as the file, rearranged once at load time (add_row_groups) or on the fly; rows past the end are zero.
+constexpr size_t group_rows = 16;
+inline size_t row_group_block_bytes(DType dtype) { return dtype == DType::Q4_0 ? 288 : 2368; }
 
-inline void interleave_q4_0_group(const std::byte* matrix, size_t N, size_t blocks, size_t group, std::byte* out) {
-    std::byte* nibbles = out;
-    std::byte* scales = out + blocks * 256;
-    const size_t first = group * q4_0_group_rows, rows = std::min(q4_0_group_rows, N - first);
-    if (rows < q4_0_group_rows) std::memset(out, 0, q4_0_group_bytes(blocks));
+inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N, size_t blocks, size_t group, std::byte* out) {
+    const size_t block_bytes = row_group_block_bytes(dtype), file_block_bytes = static_cast<size_t>(dtype_block(dtype).bytes);
+    const size_t first = group * group_rows, rows = std::min(group_rows, N - first);
+    if (rows < group_rows) std::memset(out, 0, blocks * block_bytes);
     for (size_t r = 0; r < rows; ++r)
         for (size_t b = 0; b < blocks; ++b) {
-            const std::byte* block = matrix + ((first + r) * blocks + b) * 18;
-            std::memcpy(scales + b * 32 + 2 * r, block, 2);
-            for (size_t m = 0; m < 4; ++m) std::memcpy(nibbles + b * 256 + 64 * m + 4 * r, block + 2 + 4 * m, 4);
+            const std::byte* from = matrix + ((first + r) * blocks + b) * file_block_bytes;
+            std::byte* to = out + b * block_bytes;
+            if (dtype == DType::Q4_0) {
+                for (size_t m = 0; m < 4; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
+                std::memcpy(to + 256 + 2 * r, from, 2);
+                continue;
+            }
+            for (size_t m = 0; m < 32; ++m) std::memcpy(to + 64 * m + 4 * r, from + 16 + 4 * m, 4);
+            for (int j = 0; j < 8; ++j) {
+                int sc, min;
+                k_scale_min(from + 4, j, sc, min);
+                to[2048 + 16 * j + r] = static_cast<std::byte>(sc);
+                to[2176 + 16 * j + r] = static_cast<std::byte>(min);
+            }
+            std::memcpy(to + 2304 + 2 * r, from, 2);
+            std::memcpy(to + 2336 + 2 * r, from + 2, 2);
         }
 }
 
-// Every Q4_0 matrix of the model once more as row groups, in one buffer: not zeroed first (every byte is written), and
-// in 2 MB pages where Linux allows, so that filling it takes a few hundred page faults rather than a few hundred
-// thousand. The copy is read by threads, group by group, from the mapping.
+// Every Q4_0 and Q4_K matrix of the model once more as row groups, in one buffer: not zeroed first (every byte is
+// written), and in 2 MB pages where Linux allows, so that filling it takes a few hundred page faults rather than a few
+// hundred thousand. Threads fill it group by group from the mapping.
 inline void add_row_groups(Model& model) {
-    std::vector<Tensor*> matrices;
-    size_t total = 0;
-    auto group_count = [](const Tensor& t) { return (static_cast<size_t>(t.rows()) + q4_0_group_rows - 1) / q4_0_group_rows; };
-    auto group_size = [](const Tensor& t) { return q4_0_group_bytes(static_cast<size_t>(t.cols()) / 32); };
-    std::vector<Tensor*> candidates = {&model.lm_head};
+    auto group_count = [](const Tensor& t) { return (static_cast<size_t>(t.rows()) + group_rows - 1) / group_rows; };
+    auto group_bytes = [](const Tensor& t) {
+        return static_cast<size_t>(t.cols()) / static_cast<size_t>(dtype_block(t.dtype).elements) * row_group_block_bytes(t.dtype);
+    };
+    std::vector<Tensor*> matrices = {&model.lm_head};
     for (LayerWeights& layer : model.layers)
-        for (Tensor* t : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) candidates.push_back(t);
-    for (Tensor* t : candidates)
-        if (t->dtype == DType::Q4_0 && !t->empty()) {
-            matrices.push_back(t);
-            total += group_count(*t) * group_size(*t);
-        }
+        for (Tensor* t : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) matrices.push_back(t);
+    std::erase_if(matrices, [](const Tensor* t) { return !has_row_groups(t->dtype) || t->empty(); });
     if (matrices.empty()) return;
+    size_t total = 0;
+    for (const Tensor* t : matrices) total += group_count(*t) * group_bytes(*t);
     constexpr size_t huge_page = size_t{2} << 20;
     model.row_group_storage = std::make_unique_for_overwrite<std::byte[]>(total + huge_page);
     std::byte* start = model.row_group_storage.get();
@@ -8578,14 +8608,15 @@ inline void add_row_groups(Model& model) {
     std::vector<Job> jobs;
     for (Tensor* t : matrices) {
         t->row_groups = start;
-        for (size_t g = 0; g < group_count(*t); ++g) jobs.push_back({t, start + g * group_size(*t), g});
-        start += group_count(*t) * group_size(*t);
+        for (size_t g = 0; g < group_count(*t); ++g) jobs.push_back({t, start + g * group_bytes(*t), g});
+        start += group_count(*t) * group_bytes(*t);
     }
     std::atomic<size_t> next{0};
     auto work = [&] {
         for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
             const Tensor& t = *jobs[j].tensor;
-            interleave_q4_0_group(t.data, static_cast<size_t>(t.rows()), static_cast<size_t>(t.cols()) / 32, jobs[j].group, jobs[j].out);
+            const size_t blocks = static_cast<size_t>(t.cols()) / static_cast<size_t>(dtype_block(t.dtype).elements);
+            interleave_row_group(t.dtype, t.data, static_cast<size_t>(t.rows()), blocks, jobs[j].group, jobs[j].out);
         }
     };
     std::vector<std::thread> helpers(std::min(7u, std::max(1u, std::thread::hardware_concurrency()) - 1));
@@ -8987,52 +9018,93 @@ template <DType dtype, int C>
     }
 }
 
-// ---- Q4_0 row groups in AVX2 and AVX-512 ----------------------------------------------------------------------------
+// ---- Row groups in AVX2 and AVX-512 ---------------------------------------------------------------------------------
 // Four bytes of a token's block, broadcast, meet four columns of every row of the group at once: AVX-512's vpdpbusd
 // adds the four products of each row into its own lane (sixteen rows a register), AVX2's maddubs adds pairs into 16
-// bits (eight rows a register), summed over the block's eight column groups before one madd widens them (at most
-// 8 · 2 · 15 · 127 = 30480, so 16 bits hold it exactly). The nibbles enter unsigned, 0…15, and the −8 comes back as
-// −8·Σq_x, the register's starting value. Then per block and token one multiply of the sixteen rows' d_w by d_x and one
-// multiply-add: the definition's chain, in sixteen lanes at once. Rows outside [lo, hi) of the group are not stored.
+// bits (eight rows a register), summed over eight column groups before a madd widens them (at most 8 · 2 · 15 · 127 =
+// 30480, so 16 bits hold it exactly). The nibbles enter unsigned, 0…15: Q4_0's −8 comes back as −8·Σq_x, the
+// register's starting value; Q4_K's sub-block sums are multiplied by their rows' scales, and its minimums meet the
+// activations' sums of 16 in pairs (madd, or VNNI's vpdpwssd). Then per block and token one multiply of the rows' d_w
+// by d_x and one multiply-add (Q4_K: two), the definition's chain in every lane at once. Rows outside [lo, hi) of the
+// group are not stored.
 
-inline int32_t load_i32(const int8_t* p) {
+inline int32_t load_i32(const void* p) {
     int32_t value;
     std::memcpy(&value, p, 4);
     return value;
 }
 
-template <int C>
-[[gnu::target("avx2,fma,f16c")]] void q4_0_group_avx2(const std::byte* group, size_t blocks, const QuantizedRows& x, size_t first_token,
-                                                      size_t K, float* out, size_t N, size_t lo, size_t hi) {
-    const std::byte* scales = group + blocks * 256;
-    const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + 32·b
+// Eight bytes of a row group, one per row, as int32 lanes holding the byte in both 16-bit halves: a scale or minimum
+// per row, for madd.
+[[gnu::target("avx2,fma,f16c")]] inline __m256i twice_per_row_avx2(const std::byte* bytes) {
+    const __m256i value = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+    return _mm256_or_si256(value, _mm256_slli_epi32(value, 16));
+}
+
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void row_group_avx2(const std::byte* group, size_t blocks, const QuantizedRows& x, size_t first_token,
+                                                     size_t K, float* out, size_t N, size_t lo, size_t hi) {
+    constexpr bool q4_k = dtype == DType::Q4_K;
+    constexpr size_t B = q4_k ? 256 : 32, block_bytes = q4_k ? 2368 : 288;
+    const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + B·b
     const float* xd = x.d.data() + first_token * blocks;
-    const int16_t* xs = x.sums.data() + first_token * blocks;
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (size_t half = 0; half < 2; ++half) {  // rows 0…7, then 8…15
         __m256 acc[C];
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
         for (size_t b = 0; b < blocks; ++b) {
-            __m256i pairs[C];
+            const std::byte* block = group + b * block_bytes;
+            __m256i s[C], mins[C];
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) pairs[c] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int m = 0; m < 4; ++m) {
-                const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * 256 + 64 * m + 32 * half));
-                const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            for (int c = 0; c < C; ++c) s[c] = mins[c] = _mm256_setzero_si256();
+            for (size_t p = 0; p < (q4_k ? 4 : 1); ++p) {  // Q4_K: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+                __m256i first[C], second[C];
 #pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) {
-                    const int8_t* xb = xq + c * K + 32 * b;
-                    pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xb + 4 * m))));
-                    pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xb + 16 + 4 * m))));
+                for (int c = 0; c < C; ++c) first[c] = second[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (size_t m = 0; m < (q4_k ? 8 : 4); ++m) {
+                    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 512 * p + 64 * m + 32 * half));
+                    const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c) {
+                        const int8_t* xb = xq + c * K + B * b + 64 * p + 4 * m;
+                        first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xb))));
+                        second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xb + (q4_k ? 32 : 16)))));
+                    }
+                }
+                if constexpr (q4_k) {
+                    const __m256i scale_first = twice_per_row_avx2(block + 2048 + 16 * (2 * p) + 8 * half);
+                    const __m256i scale_second = twice_per_row_avx2(block + 2048 + 16 * (2 * p + 1) + 8 * half);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c)
+                        s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(first[c], scale_first),
+                                                                       _mm256_madd_epi16(second[c], scale_second)));
+                } else {
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c)
+                        s[c] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(first[c], second[c]), ones),
+                                                _mm256_set1_epi32(-8 * x.sums[(first_token + c) * blocks + b]));
                 }
             }
-            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * 32 + 16 * half)));
+            if constexpr (q4_k)
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i minimum = twice_per_row_avx2(block + 2176 + 16 * j + 8 * half);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c) {
+                        const int16_t* sums = x.sums.data() + ((first_token + c) * blocks + b) * 16 + 2 * j;
+                        mins[c] = _mm256_add_epi32(mins[c], _mm256_madd_epi16(minimum, _mm256_set1_epi32(load_i32(sums))));
+                    }
+                }
+            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (q4_k ? 2304 : 256) + 16 * half)));
+            [[maybe_unused]] __m256 dmin_w;
+            if constexpr (q4_k) dmin_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2336 + 16 * half)));
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
-                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(pairs[c], ones), _mm256_set1_epi32(-8 * xs[c * blocks + b]));
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d_w, _mm256_set1_ps(xd[c * blocks + b])), _mm256_cvtepi32_ps(s), acc[c]);
+                const __m256 d_x = _mm256_set1_ps(xd[c * blocks + b]);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d_w, d_x), _mm256_cvtepi32_ps(s[c]), acc[c]);
+                if constexpr (q4_k) acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin_w, d_x), _mm256_cvtepi32_ps(mins[c]), acc[c]);
             }
         }
         const __m256i row = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(8 * half)));
@@ -9043,70 +9115,110 @@ template <int C>
     }
 }
 
-template <int C>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] void q4_0_group_avx512(const std::byte* group, size_t blocks,
-                                                                                           const QuantizedRows& x, size_t first_token,
-                                                                                           size_t K, float* out, size_t N, size_t lo,
-                                                                                           size_t hi) {
-    const std::byte* scales = group + blocks * 256;
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] void row_group_avx512(const std::byte* group, size_t blocks,
+                                                                                          const QuantizedRows& x, size_t first_token,
+                                                                                          size_t K, float* out, size_t N, size_t lo,
+                                                                                          size_t hi) {
+    constexpr bool q4_k = dtype == DType::Q4_K;
+    constexpr size_t B = q4_k ? 256 : 32, block_bytes = q4_k ? 2368 : 288;
     const int8_t* xq = x.q.data() + first_token * K;
     const float* xd = x.d.data() + first_token * blocks;
-    const int16_t* xs = x.sums.data() + first_token * blocks;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 acc[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (size_t b = 0; b < blocks; ++b) {
-        __m512i s[C];
+        const std::byte* block = group + b * block_bytes;
+        __m512i s[C], mins[C];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) s[c] = _mm512_set1_epi32(-8 * xs[c * blocks + b]);
-#pragma GCC unroll 4
-        for (int m = 0; m < 4; ++m) {
-            const __m512i packed = _mm512_loadu_si512(group + b * 256 + 64 * m);
-            const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        for (int c = 0; c < C; ++c) {
+            s[c] = q4_k ? _mm512_setzero_si512() : _mm512_set1_epi32(-8 * x.sums[(first_token + c) * blocks + b]);
+            mins[c] = _mm512_setzero_si512();
+        }
+        for (size_t p = 0; p < (q4_k ? 4 : 1); ++p) {
+            __m512i first[C], second[C];  // Q4_0: both into s
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) {
-                const int8_t* xb = xq + c * K + 32 * b;
-                s[c] = _mm512_dpbusd_epi32(s[c], low, _mm512_set1_epi32(load_i32(xb + 4 * m)));
-                s[c] = _mm512_dpbusd_epi32(s[c], high, _mm512_set1_epi32(load_i32(xb + 16 + 4 * m)));
+            for (int c = 0; c < C; ++c) first[c] = second[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (size_t m = 0; m < (q4_k ? 8 : 4); ++m) {
+                const __m512i packed = _mm512_loadu_si512(block + 512 * p + 64 * m);
+                const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    const int8_t* xb = xq + c * K + B * b + 64 * p + 4 * m;
+                    if constexpr (q4_k) {
+                        first[c] = _mm512_dpbusd_epi32(first[c], low, _mm512_set1_epi32(load_i32(xb)));
+                        second[c] = _mm512_dpbusd_epi32(second[c], high, _mm512_set1_epi32(load_i32(xb + 32)));
+                    } else {
+                        s[c] = _mm512_dpbusd_epi32(s[c], low, _mm512_set1_epi32(load_i32(xb)));
+                        s[c] = _mm512_dpbusd_epi32(s[c], high, _mm512_set1_epi32(load_i32(xb + 16)));
+                    }
+                }
+            }
+            if constexpr (q4_k) {
+                const __m512i scale_first = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p))));
+                const __m512i scale_second = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p + 1))));
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c)
+                    s[c] = _mm512_add_epi32(s[c], _mm512_add_epi32(_mm512_mullo_epi32(first[c], scale_first),
+                                                                   _mm512_mullo_epi32(second[c], scale_second)));
             }
         }
-        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+        if constexpr (q4_k)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c)
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, _mm512_set1_ps(xd[c * blocks + b])), _mm512_maskz_cvtepi32_ps(0xFFFF, s[c]), acc[c]);
+            for (int j = 0; j < 8; ++j) {
+                const __m512i value = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2176 + 16 * j)));
+                const __m512i minimum = _mm512_or_si512(value, _mm512_maskz_slli_epi32(0xFFFF, value, 16));
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    const int16_t* sums = x.sums.data() + ((first_token + c) * blocks + b) * 16 + 2 * j;
+                    mins[c] = _mm512_dpwssd_epi32(mins[c], minimum, _mm512_set1_epi32(load_i32(sums)));
+                }
+            }
+        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (q4_k ? 2304 : 256))));
+        [[maybe_unused]] __m512 dmin_w;
+        if constexpr (q4_k) dmin_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2336)));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            const __m512 d_x = _mm512_set1_ps(xd[c * blocks + b]);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, s[c]), acc[c]);
+            if constexpr (q4_k) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, mins[c]), acc[c]);
+        }
     }
     const __mmask16 keep = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + c * N, keep, acc[c]);
 }
 
-// Rows [row_begin, row_end) of a Q4_0 matrix, group by group (interleaved here when the tensor has no row groups of
-// its own), every tile of tokens passing over a group while it sits in L1.
-template <bool wide>
-void q4_0_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
-    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows()), blocks = K / 32;
-    const size_t group_bytes = q4_0_group_bytes(blocks), tokens = static_cast<size_t>(T);
+// Rows [row_begin, row_end) of a Q4_0 or Q4_K matrix, group by group (interleaved here when the tensor has no row groups
+// of its own), every tile of tokens passing over a group while it sits in L1 or L2. The tiles are as wide as the
+// registers allow: Q4_K keeps two sub-block sums per token besides its chain.
+template <DType dtype, bool wide>
+void row_group_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows()), blocks = K / static_cast<size_t>(x.block);
+    const size_t group_bytes = blocks * row_group_block_bytes(dtype), tokens = static_cast<size_t>(T);
+    constexpr size_t widest = dtype == DType::Q4_K ? (wide ? 4 : 2) : (wide ? 8 : 4);
     thread_local std::vector<std::byte> interleaved;
-    for (size_t g = row_begin / q4_0_group_rows; g * q4_0_group_rows < row_end; ++g) {
+    for (size_t g = row_begin / group_rows; g * group_rows < row_end; ++g) {
         const std::byte* group;
         if (w.row_groups) {
             group = w.row_groups + g * group_bytes;
         } else {
             interleaved.resize(group_bytes);
-            interleave_q4_0_group(w.data, N, blocks, g, interleaved.data());
+            interleave_row_group(dtype, w.data, N, blocks, g, interleaved.data());
             group = interleaved.data();
         }
-        const size_t first = g * q4_0_group_rows, lo = std::max(row_begin, first) - first;
-        const size_t hi = std::min(row_end, first + q4_0_group_rows) - first;
+        const size_t first = g * group_rows, lo = std::max(row_begin, first) - first, hi = std::min(row_end, first + group_rows) - first;
         auto tile = [&]<int C>(size_t t) {
-            if constexpr (wide) q4_0_group_avx512<C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
-            else q4_0_group_avx2<C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
+            if constexpr (wide) row_group_avx512<dtype, C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
+            else row_group_avx2<dtype, C>(group, blocks, x, t, K, out + t * N + first, N, lo, hi);
         };
         size_t t = 0;
-        if constexpr (wide)
+        if constexpr (widest >= 8)
             for (; t + 8 <= tokens; t += 8) tile.template operator()<8>(t);
-        for (; t + 4 <= tokens; t += 4) tile.template operator()<4>(t);
+        if constexpr (widest >= 4)
+            for (; t + 4 <= tokens; t += 4) tile.template operator()<4>(t);
         for (; t + 2 <= tokens; t += 2) tile.template operator()<2>(t);
         if (t < tokens) tile.template operator()<1>(t);
     }
@@ -9114,7 +9226,7 @@ void q4_0_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_
 
 // The types with an AVX-512 tile (the types of Q8_0 and Q4_K_M files); the others take the AVX2 one.
 template <DType dtype>
-constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
+constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q6_K;
 
 template <DType dtype, bool wide, int C>
 inline void integer_tile(const std::byte* rows, size_t row_bytes, size_t count, const QuantizedRows& x, size_t first_token, size_t K,
@@ -9145,9 +9257,9 @@ void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, si
 template <DType dtype>
 void integer_rows_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
     const bool wide = path == CpuKernels::Avx512 && cpu_runs_integer_avx512();
-    if constexpr (dtype == DType::Q4_0) {
-        if (wide) q4_0_rows<true>(w, x, T, out, row_begin, row_end);
-        else q4_0_rows<false>(w, x, T, out, row_begin, row_end);
+    if constexpr (has_row_groups(dtype)) {
+        if (wide) row_group_rows<dtype, true>(w, x, T, out, row_begin, row_end);
+        else row_group_rows<dtype, false>(w, x, T, out, row_begin, row_end);
     } else {
         if constexpr (has_avx512_tile<dtype>)
             if (wide) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);

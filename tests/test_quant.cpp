@@ -78,8 +78,8 @@ TEST_CASE("quantized models match llama.cpp's logits: exactly on the decoded wei
         const auto folder = test::shared_dir() / "fixtures/quant" / type;
         infer::Model model = infer::load_model(folder / ("model-" + type + ".gguf"));
         infer::Json manifest = test::read_json(folder / "manifest.json");
-        // Q4_0's matrices run from the row groups made at load time (the other types from the mapping).
-        CHECK((model.layers[0].w_down.row_groups != nullptr) == (model.layers[0].w_down.dtype == infer::DType::Q4_0));
+        // Q4_0's and Q4_K's matrices run from the row groups made at load time (the other types from the mapping).
+        CHECK((model.layers[0].w_down.row_groups != nullptr) == infer::detail::has_row_groups(model.layers[0].w_down.dtype));
         for (std::string sequence : {"A", "B"}) {
             CAPTURE(type);
             CAPTURE(sequence);
@@ -604,11 +604,12 @@ TEST_CASE("integer kernels: every block type gives the same bits on every kernel
                 infer::detail::matmul(pool, x.data() + 2 * K, T, {{w, part.data()}});
                 CHECK(std::equal(part.begin(), part.end(), all.begin() + 2 * N));
             }
-            if (dtype == D::Q4_0) {  // the row groups a loaded model keeps give the same bits as the file's layout
-                const size_t group_bytes = infer::detail::q4_0_group_bytes(K / 32), groups = (N + 15) / 16;
+            if (infer::detail::has_row_groups(dtype)) {  // the row groups a loaded model keeps: the file layout's bits
+                const size_t block_count = K / infer::dtype_block(dtype).elements, groups = (N + 15) / 16;
+                const size_t group_bytes = block_count * infer::detail::row_group_block_bytes(dtype);
                 std::vector<std::byte> storage(groups * group_bytes);
                 for (size_t g = 0; g < groups; ++g)
-                    infer::detail::interleave_q4_0_group(blocks.data(), N, K / 32, g, storage.data() + g * group_bytes);
+                    infer::detail::interleave_row_group(dtype, blocks.data(), N, block_count, g, storage.data() + g * group_bytes);
                 infer::Tensor grouped = w;
                 grouped.row_groups = storage.data();
                 std::vector<float> from_groups(9 * N);
