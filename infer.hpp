@@ -8374,12 +8374,14 @@ inline void quantize_activations(const float* x, int T, size_t K, int block, Qua
 // that depends on order is in f32 and fixed, so the paths agree to the bit and a token's result never depends on its
 // batch-mates.
 //
-// Q4_0 and Q4_K are summed the other way, the way llama.cpp sums the rows it repacks: per block exact integers
-//     Q4_0:  s = Σ_k (nibble_k − 8)·q_x[k] = Σ_k nibble_k·q_x[k] − 8·Σ_k q_x[k]
-//     Q4_K:  s = Σ_j sc_j·Σ_{k in sub-block j} q_k·q_x[k],   mins = Σ_j m_j·(the sum of sub-block j's 32 q_x)
+// Q8_0, Q4_0, Q4_K and Q6_K (the types of Q8_0, Q4_0 and Q4_K_M files) are summed the other way, the way llama.cpp
+// sums the rows it repacks: per block exact integers
+//     Q8_0, Q4_0:  s = Σ_k q_w[k]·q_x[k]                     (Q4_0's q_w = nibble − 8)
+//     Q4_K, Q6_K:  s = Σ_j sc_j·Σ_{k in sub-block j} q_w[k]·q_x[k]   (Q6_K's q_w = six bits − 32, sub-blocks of 16)
+//     Q4_K:        mins = Σ_j m_j·(the sum of sub-block j's 32 q_x)
 // and per row and token one chain over the blocks, acc = fma(d_w·d_x, s, acc), Q4_K's followed by
-// acc = fma(−dmin·d_x, mins, acc), the dot being acc. A block's sum is one number, not eight lanes, so their rows can be
-// stored interleaved sixteen at a time (row groups, below): one register then holds four columns of sixteen rows, and
+// acc = fma(−dmin·d_x, mins, acc), the dot being acc. A block's sum is one number, not eight lanes, so their rows can
+// be stored interleaved sixteen at a time (row groups, below): one register then holds four columns of sixteen rows, and
 // one multiply applies sixteen rows' scales.
 
 // One weight block decoded for the integer dot.
@@ -8494,9 +8496,12 @@ inline void add_integer_block(DType dtype, const IntegerBlock& w, const Quantize
 }
 
 // The types summed in one chain, whose rows can be kept as row groups.
-constexpr bool has_row_groups(DType dtype) { return dtype == DType::Q4_0 || dtype == DType::Q4_K; }
+constexpr bool has_row_groups(DType dtype) {
+    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
+}
 
-// One block's step of a Q4_0 or Q4_K chain (Q4_0's weights already minus 8, its scales 1).
+// One block's step of a row-group type's chain (the weights as decode_integer_block gives them: signed, with the
+// K-quants' scale per 16 and Q4_K's minimums).
 inline float add_grouped_block(DType dtype, const IntegerBlock& w, const QuantizedRows& x, size_t x_block, float acc) {
     const int B = x.block;
     const int8_t* xq = x.q.data() + x_block * static_cast<size_t>(B);
@@ -8541,17 +8546,30 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
 }
 
 // ---- Row groups -----------------------------------------------------------------------------------------------------
-// Rows 16g…16g + 15 of a Q4_0 or Q4_K matrix side by side, so that one 64-byte load holds four columns of all sixteen.
-// The nibbles of each block are regrouped four bytes of each row in turn: bytes 4m…4m + 3 of rows 0…15 make 64 bytes
-// whose low nibbles are columns 4m…4m + 3 of sixteen rows (Q4_0: and whose high nibbles are columns 16 + 4m…). Per
-// block, in order:
-//     Q4_0 (288 bytes):   nibbles (4 × 64 bytes), then the sixteen rows' f16 d (32 bytes)
-//     Q4_K (2368 bytes):  for each pair of sub-blocks 2p, 2p + 1 (low and high nibbles of the file's qs[32p…32p + 31])
-//                         the 8 × 64 bytes of bytes 4m…4m + 3; then the 6-bit scales unpacked, sub-block j's sixteen
-//                         at 2048 + 16j, the minimums at 2176 + 16j, the sixteen f16 d at 2304 and dmin at 2336
-// The same bits as the file, rearranged once at load time (add_row_groups) or on the fly; rows past the end are zero.
+// Rows 16g…16g + 15 of a Q8_0, Q4_0, Q4_K or Q6_K matrix side by side, so that one 64-byte load holds four columns of
+// all sixteen rows: "column quad" m of a block (its weights 4m…4m + 3, in the activations' order) is stored as four
+// bytes of row 0, four of row 1, … four of row 15. Per block, in order:
+//     Q8_0 (544 bytes):   the 8 quads as int8 (8 × 64 bytes); the sixteen rows' f16 d (32 bytes)
+//     Q4_0 (288 bytes):   4 × 64 bytes of the file's nibbles, whose low nibbles are quad m and high nibbles quad m + 4;
+//                         the sixteen d
+//     Q4_K (2368 bytes):  8 × 64 bytes for each pair of sub-blocks 2p, 2p + 1 (low nibbles: quad m of sub-block 2p;
+//                         high: of 2p + 1); the 6-bit scales unpacked, sub-block j's sixteen at 2048 + 16j, the
+//                         minimums at 2176 + 16j; the sixteen f16 d at 2304, dmin at 2336
+//     Q6_K (3360 bytes):  per sub-block j of 16 weights (4 quads), 192 bytes: two registers of low four bits (quads
+//                         4j and 4j + 1 in the low and high nibbles of the first, 4j + 2 and 4j + 3 of the second) and
+//                         one of the top two bits (quad 4j + t in bits 2t, 2t + 1); the int8 scales at 3072 + 16j; d at
+//                         3328
+// The same bits as the file (the same bytes, but Q6_K's regrouped), rearranged once at load time (add_row_groups) or
+// on the fly; rows past the matrix's end are zero.
 constexpr size_t group_rows = 16;
-inline size_t row_group_block_bytes(DType dtype) { return dtype == DType::Q4_0 ? 288 : 2368; }
+inline size_t row_group_block_bytes(DType dtype) {
+    switch (dtype) {
+        case DType::Q8_0: return 544;
+        case DType::Q4_0: return 288;
+        case DType::Q4_K: return 2368;
+        default: return 3360;  // Q6_K
+    }
+}
 
 inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N, size_t blocks, size_t group, std::byte* out) {
     const size_t block_bytes = row_group_block_bytes(dtype), file_block_bytes = static_cast<size_t>(dtype_block(dtype).bytes);
@@ -8561,24 +8579,46 @@ inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N,
         for (size_t b = 0; b < blocks; ++b) {
             const std::byte* from = matrix + ((first + r) * blocks + b) * file_block_bytes;
             std::byte* to = out + b * block_bytes;
-            if (dtype == DType::Q4_0) {
-                for (size_t m = 0; m < 4; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
-                std::memcpy(to + 256 + 2 * r, from, 2);
-                continue;
+            switch (dtype) {
+                case DType::Q8_0:
+                    for (size_t m = 0; m < 8; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
+                    std::memcpy(to + 512 + 2 * r, from, 2);
+                    break;
+                case DType::Q4_0:
+                    for (size_t m = 0; m < 4; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
+                    std::memcpy(to + 256 + 2 * r, from, 2);
+                    break;
+                case DType::Q4_K:
+                    for (size_t m = 0; m < 32; ++m) std::memcpy(to + 64 * m + 4 * r, from + 16 + 4 * m, 4);
+                    for (int j = 0; j < 8; ++j) {
+                        int sc, min;
+                        k_scale_min(from + 4, j, sc, min);
+                        to[2048 + 16 * j + r] = static_cast<std::byte>(sc);
+                        to[2176 + 16 * j + r] = static_cast<std::byte>(min);
+                    }
+                    std::memcpy(to + 2304 + 2 * r, from, 2);
+                    std::memcpy(to + 2336 + 2 * r, from + 2, 2);
+                    break;
+                default: {  // Q6_K: each weight as 0…63 (q + 32), then split again into four and two bits
+                    IntegerBlock u;
+                    decode_integer_block(dtype, from, u);
+                    for (size_t j = 0; j < 16; ++j) {
+                        std::byte* sub = to + 192 * j + 4 * r;
+                        for (size_t t = 0; t < 4; ++t) {
+                            auto bits = [&](size_t quad) { return static_cast<unsigned>(u.q[16 * j + 4 * quad + t] + 32); };
+                            sub[t] = static_cast<std::byte>((bits(0) & 15) | (bits(1) & 15) << 4);
+                            sub[64 + t] = static_cast<std::byte>((bits(2) & 15) | (bits(3) & 15) << 4);
+                            sub[128 + t] = static_cast<std::byte>(bits(0) >> 4 | (bits(1) >> 4) << 2 | (bits(2) >> 4) << 4 | (bits(3) >> 4) << 6);
+                        }
+                        to[3072 + 16 * j + r] = static_cast<std::byte>(static_cast<int8_t>(u.scale[j]));
+                    }
+                    std::memcpy(to + 3328 + 2 * r, from + 208, 2);
+                }
             }
-            for (size_t m = 0; m < 32; ++m) std::memcpy(to + 64 * m + 4 * r, from + 16 + 4 * m, 4);
-            for (int j = 0; j < 8; ++j) {
-                int sc, min;
-                k_scale_min(from + 4, j, sc, min);
-                to[2048 + 16 * j + r] = static_cast<std::byte>(sc);
-                to[2176 + 16 * j + r] = static_cast<std::byte>(min);
-            }
-            std::memcpy(to + 2304 + 2 * r, from, 2);
-            std::memcpy(to + 2336 + 2 * r, from + 2, 2);
         }
 }
 
-// Every Q4_0 and Q4_K matrix of the model once more as row groups, in one buffer: not zeroed first (every byte is
+// Every row-group matrix of the model once more as row groups, in one buffer: not zeroed first (every byte is
 // written), and in 2 MB pages where Linux allows, so that filling it takes a few hundred page faults rather than a few
 // hundred thousand. Threads fill it group by group from the mapping.
 inline void add_row_groups(Model& model) {
@@ -8628,8 +8668,9 @@ inline void add_row_groups(Model& model) {
 #ifdef INFER_X86_KERNELS
 // ---- The integer dot in AVX2 ----------------------------------------------------------------------------------------
 // The same lanes and steps, with each row's sixteen float sums per token held in two registers (even and odd
-// blocks) from the first block to the last. Q8_0, Q4_*, Q5_*, Q4_K, Q5_K and Q6_K blocks are decoded straight into
-// registers, 32 weights at a time; Q2_K and Q3_K blocks by the decoder above into an IntegerBlock on the stack. A
+// blocks) from the first block to the last, for the types without row groups: Q4_1, Q5_0, Q5_1 and Q5_K blocks are
+// decoded straight into registers, 32 weights at a time; Q2_K and Q3_K blocks by the decoder above into an
+// IntegerBlock on the stack. A
 // block is decoded once per tile of C tokens, and each of its 32-weight chunks costs a token four instructions:
 // maddubs multiplies unsigned by signed bytes and adds pairs into 16 bits (a signed weight's sign moves onto the
 // activation), madd adds those pairs into the eight lanes, times the chunk's scales.
@@ -8647,14 +8688,6 @@ inline void add_row_groups(Model& model) {
     return _mm_cvtsi128_si32(sum);
 }
 
-// Lane c = the sum of v[c]'s eight lanes, for eight vectors at once: a tree of horizontal adds (integers, so exact).
-[[gnu::target("avx2,fma,f16c")]] inline __m256i sum_each_i32(const __m256i (&v)[8]) {
-    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i low = _mm256_hadd_epi32(h01, h23), high = _mm256_hadd_epi32(h45, h67);  // halves of v[0..3], v[4..7]
-    return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
-}
-
 // Bit k of `bits` as 0x10 in byte k: the fifth bits of a Q5_0/Q5_1 block (byte k/8 of the word spread over bytes
 // 8·(k/8)…, then each byte keeps its own bit).
 [[gnu::target("avx2,fma,f16c")]] inline __m256i fifth_bits_avx2(uint32_t bits) {
@@ -8664,25 +8697,21 @@ inline void add_row_groups(Model& model) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// A Q8_0, Q4_1, Q5_0 or Q5_1 block's 32 weights as int8 (decode_integer_block's values).
+// A Q4_1, Q5_0 or Q5_1 block's 32 weights as int8 (decode_integer_block's values).
 template <DType dtype>
 [[gnu::target("avx2,fma,f16c")]] inline __m256i chunk_avx2(const std::byte* b) {
-    if constexpr (dtype == DType::Q8_0) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    } else {
-        constexpr bool with_min = dtype == DType::Q4_1 || dtype == DType::Q5_1;
-        constexpr bool five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (with_min ? 4 : 2) + (five_bits ? 4 : 0)));
-        // Low nibbles are weights 0–15, high nibbles 16–31.
-        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));
-        if constexpr (five_bits) {
-            uint32_t qh;
-            std::memcpy(&qh, b + (with_min ? 4 : 2), 4);
-            q = _mm256_or_si256(q, fifth_bits_avx2(qh));
-        }
-        if constexpr (!with_min) q = _mm256_sub_epi8(q, _mm256_set1_epi8(five_bits ? 16 : 8));
-        return q;
+    constexpr bool with_min = dtype == DType::Q4_1 || dtype == DType::Q5_1;
+    constexpr bool five_bits = dtype == DType::Q5_0 || dtype == DType::Q5_1;
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (with_min ? 4 : 2) + (five_bits ? 4 : 0)));
+    // Low nibbles are weights 0–15, high nibbles 16–31.
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));
+    if constexpr (five_bits) {
+        uint32_t qh;
+        std::memcpy(&qh, b + (with_min ? 4 : 2), 4);
+        q = _mm256_or_si256(q, fifth_bits_avx2(qh));
     }
+    if constexpr (!with_min) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));  // Q5_0
+    return q;
 }
 
 // The eight lanes of one 32-weight chunk against each of C tokens' activations (token c's at xq + c·stride), each
@@ -8705,13 +8734,13 @@ template <bool signed_weights, int C>
                             _mm_set1_epi16(static_cast<int16_t>((2 * low_half + 1) << 8 | 2 * low_half)));
 }
 
-// The lanes of a K-quant block against C tokens, the block decoded in registers (Q4_K, Q5_K, Q6_K) or on the stack
-// (Q2_K, Q3_K, through decode_integer_block); d, m and the sixteen minimums come back for the float step.
+// The lanes of a K-quant block against C tokens, the block decoded in registers (Q5_K) or on the stack (Q2_K, Q3_K,
+// through decode_integer_block); d, m and the sixteen minimums come back for the float step.
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] inline void k_block_lanes_avx2(const std::byte* b, const int8_t* xq, size_t stride,
                                                                  __m256i (&lanes)[C], float& d, float& m, __m256i& mins) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    if constexpr (dtype == DType::Q4_K || dtype == DType::Q5_K) {
+    if constexpr (dtype == DType::Q5_K) {
         d = f16_at_avx2(b);
         m = f16_at_avx2(b + 2);
         uint64_t scales, minimums;
@@ -8719,44 +8748,17 @@ template <DType dtype, int C>
         const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
         mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));  // one per 16 weights
         const __m256i scale16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
-        const std::byte* qs = b + (dtype == DType::Q5_K ? 48 : 16);
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)), one = _mm256_set1_epi8(1);
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) {  // 32 bytes: low nibbles are sub-block 2g, high nibbles 2g + 1
-            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * g));
-            __m256i first = _mm256_and_si256(packed, low4), second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
-            if constexpr (dtype == DType::Q5_K) {  // bits 2g and 2g + 1 of qh[l], moved to bit 4
-                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)), one = _mm256_set1_epi8(1);
-                first = _mm256_or_si256(first, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
-                second = _mm256_or_si256(second, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
-            }
+        for (int g = 0; g < 4; ++g) {  // 32 bytes: low nibbles are sub-block 2g, high nibbles 2g + 1; fifth bits from qh
+            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * g));
+            const __m256i first = _mm256_or_si256(_mm256_and_si256(packed, low4),
+                                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+            const __m256i second = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low4),
+                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
             add_chunk_avx2<false, C>(lanes, first, _mm256_shuffle_epi8(scale16, pick_int16(2 * g, 2 * g)), xq + 64 * g, stride);
             add_chunk_avx2<false, C>(lanes, second, _mm256_shuffle_epi8(scale16, pick_int16(2 * g + 1, 2 * g + 1)), xq + 64 * g + 32,
                                      stride);
-        }
-    } else if constexpr (dtype == DType::Q6_K) {
-        d = f16_at_avx2(b + 208);
-        m = 0.0f;
-        mins = _mm256_setzero_si256();
-        const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {  // dequantize_q6_k's halves of 128: four 32-weight groups from ql and qh
-            const __m256i scale16 = _mm256_broadcastsi128_si256(
-                _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h))));
-            const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-            const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-            const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-            const __m256i groups[4] = {
-                _mm256_or_si256(_mm256_and_si256(first, low4), _mm256_slli_epi16(_mm256_and_si256(high, three), 4)),
-                _mm256_or_si256(_mm256_and_si256(second, low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 2), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 4), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 6), three), 4))};
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g)  // 32 weights with the scales of their two halves of 16
-                add_chunk_avx2<true, C>(lanes, _mm256_sub_epi8(groups[g], bias),
-                                        _mm256_shuffle_epi8(scale16, pick_int16(2 * g, 2 * g + 1)), xq + 128 * h + 32 * g, stride);
         }
     } else {
         IntegerBlock u;
@@ -8793,7 +8795,7 @@ template <DType dtype, int C>
     } else {
         d = f16_at_avx2(block);
         if constexpr (integer_min_per_block(dtype)) m = f16_at_avx2(block + 2);
-        constexpr bool signed_weights = dtype == DType::Q8_0 || dtype == DType::Q5_0;
+        constexpr bool signed_weights = dtype == DType::Q5_0;
         add_chunk_avx2<signed_weights, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq, K);
     }
 #pragma GCC unroll 8
@@ -8833,200 +8835,23 @@ template <DType dtype, int C>
     }
 }
 
-// ---- The integer dot in AVX-512 (with VNNI) -------------------------------------------------------------------------
-// The same sums, two blocks (or two chunks of a K-quant block) per 64-byte register: the low half holds block b's
-// eight lanes, the high half block b + 1's, which is exactly the even and odd sets of the definition, so one register
-// of sixteen float sums per token carries both, and the fold at the end adds its halves first, as fold_lanes does.
-// VNNI's vpdpbusd multiplies unsigned by signed bytes and adds each four products into a lane in one instruction, exact
-// (no 16-bit step), where AVX2 needs maddubs and madd. AVX-512 has no byte `sign`, so a signed weight's sign moves onto
-// the activation by a masked negation. Q8_0, Q4_K and Q6_K (the types of Q8_0 and Q4_K_M files) have this kernel; the
-// other types, and AVX-512 CPUs without VNNI, run the AVX2 one (same bits). Q4_0 has its own, on row groups (below).
+// ---- Row groups in AVX2 and AVX-512 ---------------------------------------------------------------------------------
+// Four bytes of a token's block, broadcast, meet a column quad of every row of the group at once: AVX-512's vpdpbusd
+// adds the four products of each row into its own lane (sixteen rows a register), AVX2's maddubs adds pairs into 16
+// bits (eight rows a register), widened by a madd. vpdpbusd multiplies unsigned weights by signed activations, so the
+// weights enter as unsigned and their offset comes back through the activations' block sums as the register's
+// starting value: Q8_0's q + 128 starts at −128·Σq_x, Q4_0's nibbles at −8·Σq_x, Q6_K's six bits at −32·Σq_x of each
+// sub-block of 16. AVX2 keeps Q8_0 signed instead (maddubs' pairs of 255 · 127 would overflow 16 bits): its sign
+// moves onto the activation. The K-quants' sub-block sums are multiplied by their rows' scales, and Q4_K's minimums
+// meet the activations' sums of 16 in pairs (madd, or VNNI's vpdpwssd). Then per block and token one multiply of the
+// rows' d_w by d_x and one multiply-add (Q4_K: two): the definition's chain in every lane at once. Every integer stays
+// exact (16-bit sums at most 32512 before a madd widens them). Rows outside [lo, hi) of the group are not stored.
 
+// AVX-512 row groups need VNNI; an AVX-512 CPU without it runs the AVX2 kernels (the same bits).
 inline bool cpu_runs_integer_avx512() {
     static const bool vnni = cpu_supports(CpuKernels::Avx512) && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
     return vnni;
 }
-
-// Blocks b and b + 1 of a Q8_0 row (block_bytes apart) as 64 int8 weights.
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i two_q8_0_blocks_avx512(const std::byte* b,
-                                                                                                             size_t block_bytes) {
-    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))),
-                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + block_bytes + 2)), 1);
-}
-
-// lanes[c] += the four-product lanes of 64 weights against token c's 64 activations (at xq + c·stride): signed
-// weights through |q| and the activation negated where q < 0; with `scales` (int16 per pair of products), through
-// maddubs and madd, else vpdpbusd.
-template <bool signed_weights, bool scaled, int C>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline void add_pair_avx512(__m512i (&lanes)[C], __m512i q,
-                                                                                                __m512i scales, const int8_t* xq,
-                                                                                                size_t stride) {
-    const __mmask64 negative = signed_weights ? _mm512_movepi8_mask(q) : 0;
-    const __m512i unsigned_q = signed_weights ? _mm512_abs_epi8(q) : q;
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-        __m512i x = _mm512_loadu_si512(xq + c * stride);
-        if constexpr (signed_weights) x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-        if constexpr (scaled) lanes[c] = _mm512_add_epi32(lanes[c], _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned_q, x), scales));
-        else lanes[c] = _mm512_dpbusd_epi32(lanes[c], unsigned_q, x);
-    }
-}
-
-// An int16 of each 128-bit quarter (of `from`'s low eight) broadcast across that quarter: vpermw's index vector.
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i spread_int16(__m512i from, int q0, int q1, int q2,
-                                                                                                  int q3) {
-    const __m512i index = _mm512_maskz_inserti64x4(0xFF, 
-        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q1)), _mm_set1_epi16(static_cast<int16_t>(q0)))),
-        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q3)), _mm_set1_epi16(static_cast<int16_t>(q2))), 1);
-    return _mm512_maskz_permutexvar_epi16(0xFFFFFFFF, index, from);
-}
-
-// A Q4_K or Q6_K block's eight lanes against C tokens (k_block_lanes_avx2's, two chunks per register, the halves
-// added at the end), and its d, m and minimums.
-template <DType dtype, int C>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline void k_block_lanes_avx512(const std::byte* b,
-                                                                                                       const int8_t* xq, size_t stride,
-                                                                                                       __m256i (&lanes)[C], float& d,
-                                                                                                       float& m, __m256i& mins) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    __m512i pairs[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) pairs[c] = _mm512_setzero_si512();
-    if constexpr (dtype == DType::Q4_K) {
-        d = f16_at_avx2(b);
-        m = f16_at_avx2(b + 2);
-        uint64_t scales, minimums;
-        k_scales_and_mins(b + 4, scales, minimums);
-        const __m128i min_bytes = _mm_cvtsi64_si128(static_cast<int64_t>(minimums));
-        mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));
-        const __m512i scale16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales))));
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) {  // sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles) in one register
-            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * g));
-            const __m512i q = _mm512_and_si512(
-                _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1), low4);
-            add_pair_avx512<false, true, C>(pairs, q, spread_int16(scale16, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1), xq + 64 * g, stride);
-        }
-    } else {  // Q6_K
-        d = f16_at_avx2(b + 208);
-        m = 0.0f;
-        mins = _mm256_setzero_si256();
-        const __m512i three = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {  // groups 0 and 1 of the half in one register, groups 2 and 3 in another
-            const __m512i scale16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h))));
-            const __m512i low = _mm512_loadu_si512(b + 64 * h);  // ql of groups 0|1 (low nibbles), 2|3 (high nibbles)
-            const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-            const __m512i high_pair = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(high), _mm256_srli_epi16(high, 2), 1);
-            const __m512i first = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_slli_epi16(_mm512_and_si512(high_pair, three), 4));
-            const __m512i second = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), low4),
-                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high_pair, 4), three), 4));
-            add_pair_avx512<true, true, C>(pairs, _mm512_sub_epi8(first, bias), spread_int16(scale16, 0, 1, 2, 3), xq + 128 * h, stride);
-            add_pair_avx512<true, true, C>(pairs, _mm512_sub_epi8(second, bias), spread_int16(scale16, 4, 5, 6, 7), xq + 128 * h + 64,
-                                           stride);
-        }
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) lanes[c] = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, pairs[c], 0), _mm512_maskz_extracti64x4_epi64(0xF, pairs[c], 1));
-}
-
-// out[c·N + n] for the `rows` rows at `weights` and the C tokens from first_token on: one register of sixteen sums per
-// token, the even blocks' in its low half and the odd blocks' in its high half.
-template <DType dtype, int C>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] void integer_tile_avx512(const std::byte* weights, size_t row_bytes,
-                                                                                             size_t rows, const QuantizedRows& x,
-                                                                                             size_t first_token, size_t K, float* out,
-                                                                                             size_t N) {
-    constexpr int B = is_k_quant<dtype> ? 256 : 32;
-    const size_t blocks = K / B, block_bytes = row_bytes / blocks;
-    const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + b·B
-    const float* xd = x.d.data() + first_token * blocks;
-    const __m256i token_strides = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(blocks)));
-    const __m256 token_mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(C), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    for (size_t n = 0; n < rows; ++n) {
-        const std::byte* row = weights + n * row_bytes;
-        __m512 acc[C];
-        __m256 offsets = _mm256_setzero_ps();  // token c's offset in lane c
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-        size_t b = 0;
-        if constexpr (!is_k_quant<dtype>) {
-            for (; b + 2 <= blocks; b += 2) {
-                const std::byte* block = row + b * block_bytes;
-                __m512i lanes[C];
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) lanes[c] = _mm512_setzero_si512();
-                add_pair_avx512<true, false, C>(lanes, two_q8_0_blocks_avx512(block, block_bytes), _mm512_setzero_si512(), xq + b * B, K);
-                const __m512 d_w = _mm512_maskz_insertf32x8(0xFFFF, _mm512_set1_ps(f16_at_avx2(block)), _mm256_set1_ps(f16_at_avx2(block + block_bytes)), 1);
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) {  // d_w·d_x for both blocks, then the multiply-add of all sixteen lanes
-                    const float* dx = xd + c * blocks + b;
-                    const __m512 d_x = _mm512_maskz_insertf32x8(0xFFFF, _mm512_set1_ps(dx[0]), _mm256_set1_ps(dx[1]), 1);
-                    acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, lanes[c]), acc[c]);
-                }
-            }
-        }
-        for (; b < blocks; ++b) {  // one block at a time: the K-quants, and an odd last block
-            const std::byte* block = row + b * block_bytes;
-            __m256i lanes[C];
-            float d, m = 0.0f;
-            __m256i mins = _mm256_setzero_si256();
-            if constexpr (is_k_quant<dtype>) {
-                k_block_lanes_avx512<dtype, C>(block, xq + b * B, K, lanes, d, m, mins);
-            } else {
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) lanes[c] = _mm256_setzero_si256();
-                add_chunk_avx2<true, C>(lanes, chunk_avx2<dtype>(block), _mm256_set1_epi16(1), xq + b * B, K);
-                d = f16_at_avx2(block);
-            }
-            const __mmask16 half = b % 2 ? 0xFF00 : 0x00FF;
-            // The tokens' d_x side by side, so d_w·d_x, and the minimums' −dmin·d_x, take one multiply for all. A
-            // gather (one token: a plain load), not stores to an array read back as a vector: a wide load of narrow
-            // stores waits for them, a stall per block that halved decode.
-            const __m256 d_x_tokens = C == 1 ? _mm256_zextps128_ps256(_mm_load_ss(xd + b))
-                                             : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xd + b, token_strides, token_mask, 4);
-            alignas(32) float scale[8];
-            _mm256_store_ps(scale, _mm256_mul_ps(_mm256_set1_ps(d), d_x_tokens));
-#pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) {
-                const __m512 both = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_cvtepi32_ps(lanes[c]));
-                acc[c] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(scale[c]), both, acc[c], half);
-            }
-            if constexpr (integer_min_per_sub_block(dtype)) {  // Σ_g min_g·(sum of x over g), lane c for token c
-                __m256i products[8];
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; ++c)
-                    products[c] = c < C ? _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                                                      x.sums.data() + ((first_token + c) * blocks + b) * 16)))
-                                        : _mm256_setzero_si256();
-                __m256i totals;
-                if constexpr (C > 2) {
-                    totals = sum_each_i32(products);
-                } else {
-                    totals = _mm256_setr_epi32(horizontal_sum_i32(products[0]), C > 1 ? horizontal_sum_i32(products[1]) : 0, 0, 0, 0, 0, 0, 0);
-                }
-                offsets = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-m), d_x_tokens), _mm256_cvtepi32_ps(totals), offsets);
-            }
-        }
-        alignas(32) float offset[8];
-        _mm256_store_ps(offset, offsets);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-            const __m256 folded = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 0)), _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc[c]), 1)));
-            out[c * N + n] = horizontal_sum(folded) + offset[c];
-        }
-    }
-}
-
-// ---- Row groups in AVX2 and AVX-512 ---------------------------------------------------------------------------------
-// Four bytes of a token's block, broadcast, meet four columns of every row of the group at once: AVX-512's vpdpbusd
-// adds the four products of each row into its own lane (sixteen rows a register), AVX2's maddubs adds pairs into 16
-// bits (eight rows a register), summed over eight column groups before a madd widens them (at most 8 · 2 · 15 · 127 =
-// 30480, so 16 bits hold it exactly). The nibbles enter unsigned, 0…15: Q4_0's −8 comes back as −8·Σq_x, the
-// register's starting value; Q4_K's sub-block sums are multiplied by their rows' scales, and its minimums meet the
-// activations' sums of 16 in pairs (madd, or VNNI's vpdpwssd). Then per block and token one multiply of the rows' d_w
-// by d_x and one multiply-add (Q4_K: two), the definition's chain in every lane at once. Rows outside [lo, hi) of the
-// group are not stored.
 
 inline int32_t load_i32(const void* p) {
     int32_t value;
@@ -9034,8 +8859,16 @@ inline int32_t load_i32(const void* p) {
     return value;
 }
 
-// Eight bytes of a row group, one per row, as int32 lanes holding the byte in both 16-bit halves: a scale or minimum
-// per row, for madd.
+// Where a row group's sixteen f16 d sit in each of its blocks.
+constexpr size_t row_group_d_offset(DType dtype) {
+    return dtype == DType::Q8_0 ? 512 : dtype == DType::Q4_0 ? 256 : dtype == DType::Q4_K ? 2304 : 3328;
+}
+template <DType dtype>
+constexpr int row_group_widest_tile(bool wide) {  // the K-quants keep a sub-block's sums per token besides the chain
+    return dtype == DType::Q4_K || dtype == DType::Q6_K ? (wide ? 4 : 2) : (wide ? 8 : 4);
+}
+
+// Eight bytes of a row group, one per row, as int32 lanes holding the byte in both 16-bit halves (madd's pairs).
 [[gnu::target("avx2,fma,f16c")]] inline __m256i twice_per_row_avx2(const std::byte* bytes) {
     const __m256i value = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
     return _mm256_or_si256(value, _mm256_slli_epi32(value, 16));
@@ -9044,67 +8877,106 @@ inline int32_t load_i32(const void* p) {
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] void row_group_avx2(const std::byte* group, size_t blocks, const QuantizedRows& x, size_t first_token,
                                                      size_t K, float* out, size_t N, size_t lo, size_t hi) {
-    constexpr bool q4_k = dtype == DType::Q4_K;
-    constexpr size_t B = q4_k ? 256 : 32, block_bytes = q4_k ? 2368 : 288;
+    constexpr size_t B = dtype == DType::Q4_K || dtype == DType::Q6_K ? 256 : 32;
+    const size_t block_bytes = row_group_block_bytes(dtype);
     const int8_t* xq = x.q.data() + first_token * K;  // token c's block b at xq + c·K + B·b
     const float* xd = x.d.data() + first_token * blocks;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    constexpr size_t sums_per_block = B == 256 ? 16 : 1;  // Q8_K's sums of 16, or one per block of 32
+    const int16_t* xs = x.sums.data() + first_token * blocks * sums_per_block;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (size_t half = 0; half < 2; ++half) {  // rows 0…7, then 8…15
         __m256 acc[C];
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
         for (size_t b = 0; b < blocks; ++b) {
             const std::byte* block = group + b * block_bytes;
+            auto quad = [&](size_t offset) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + offset + 32 * half)); };
+            auto x_at = [&](int c, size_t k) { return _mm256_set1_epi32(load_i32(xq + c * K + B * b + k)); };
+            auto block_sum = [&](int c, size_t j) { return static_cast<int>(xs[(c * blocks + b) * sums_per_block + j]); };
             __m256i s[C], mins[C];
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) s[c] = mins[c] = _mm256_setzero_si256();
-            for (size_t p = 0; p < (q4_k ? 4 : 1); ++p) {  // Q4_K: sub-blocks 2p (low nibbles) and 2p + 1 (high)
-                __m256i first[C], second[C];
+            if constexpr (dtype == DType::Q8_0) {
 #pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) first[c] = second[c] = _mm256_setzero_si256();
+                for (size_t m = 0; m < 8; ++m) {
+                    const __m256i q = quad(64 * m), magnitude = _mm256_sign_epi8(q, q);
 #pragma GCC unroll 8
-                for (size_t m = 0; m < (q4_k ? 8 : 4); ++m) {
-                    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 512 * p + 64 * m + 32 * half));
+                    for (int c = 0; c < C; ++c)
+                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x_at(c, 4 * m), q)), ones));
+                }
+            } else if constexpr (dtype == DType::Q4_0) {
+                __m256i pairs[C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) pairs[c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (size_t m = 0; m < 4; ++m) {  // at most 8 · 2 · 15 · 127 = 30480 in 16 bits
+                    const __m256i packed = quad(64 * m);
                     const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {
-                        const int8_t* xb = xq + c * K + B * b + 64 * p + 4 * m;
-                        first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xb))));
-                        second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xb + (q4_k ? 32 : 16)))));
+                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(low, x_at(c, 4 * m)));
+                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(high, x_at(c, 16 + 4 * m)));
                     }
                 }
-                if constexpr (q4_k) {
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) s[c] = _mm256_add_epi32(_mm256_madd_epi16(pairs[c], ones), _mm256_set1_epi32(-8 * block_sum(c, 0)));
+            } else if constexpr (dtype == DType::Q4_K) {
+                for (size_t p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
+                    __m256i first[C], second[C];
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c) first[c] = second[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (size_t m = 0; m < 8; ++m) {
+                        const __m256i packed = quad(512 * p + 64 * m);
+                        const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+                        for (int c = 0; c < C; ++c) {
+                            first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, x_at(c, 64 * p + 4 * m)));
+                            second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, x_at(c, 64 * p + 32 + 4 * m)));
+                        }
+                    }
                     const __m256i scale_first = twice_per_row_avx2(block + 2048 + 16 * (2 * p) + 8 * half);
                     const __m256i scale_second = twice_per_row_avx2(block + 2048 + 16 * (2 * p + 1) + 8 * half);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c)
                         s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(first[c], scale_first),
                                                                        _mm256_madd_epi16(second[c], scale_second)));
-                } else {
-#pragma GCC unroll 8
-                    for (int c = 0; c < C; ++c)
-                        s[c] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(first[c], second[c]), ones),
-                                                _mm256_set1_epi32(-8 * x.sums[(first_token + c) * blocks + b]));
                 }
-            }
-            if constexpr (q4_k)
 #pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j) {
+                for (size_t j = 0; j < 8; ++j) {
                     const __m256i minimum = twice_per_row_avx2(block + 2176 + 16 * j + 8 * half);
 #pragma GCC unroll 8
-                    for (int c = 0; c < C; ++c) {
-                        const int16_t* sums = x.sums.data() + ((first_token + c) * blocks + b) * 16 + 2 * j;
-                        mins[c] = _mm256_add_epi32(mins[c], _mm256_madd_epi16(minimum, _mm256_set1_epi32(load_i32(sums))));
+                    for (int c = 0; c < C; ++c)
+                        mins[c] = _mm256_add_epi32(mins[c], _mm256_madd_epi16(minimum, _mm256_set1_epi32(load_i32(
+                                                                &xs[(c * blocks + b) * sums_per_block + 2 * j]))));
+                }
+            } else {  // Q6_K
+#pragma GCC unroll 2
+                for (size_t j = 0; j < 16; ++j) {
+                    const __m256i first = quad(192 * j), second = quad(192 * j + 64), high = quad(192 * j + 128);
+                    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(first, low4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top2));
+                    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4), _mm256_and_si256(_mm256_slli_epi16(high, 2), top2));
+                    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(second, low4), _mm256_and_si256(high, top2));
+                    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4), _mm256_and_si256(_mm256_srli_epi16(high, 2), top2));
+                    const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 3072 + 16 * j + 8 * half)));
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c) {  // pairs of quads: at most 2 · 2 · 63 · 127 = 32004 in 16 bits
+                        const __m256i pair01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, x_at(c, 16 * j)), _mm256_maddubs_epi16(q1, x_at(c, 16 * j + 4)));
+                        const __m256i pair23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, x_at(c, 16 * j + 8)), _mm256_maddubs_epi16(q3, x_at(c, 16 * j + 12)));
+                        const __m256i sub = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(pair01, ones), _mm256_madd_epi16(pair23, ones)),
+                                                             _mm256_set1_epi32(-32 * block_sum(c, j)));
+                        s[c] = _mm256_add_epi32(s[c], _mm256_mullo_epi32(sub, scale));
                     }
                 }
-            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (q4_k ? 2304 : 256) + 16 * half)));
+            }
+            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + row_group_d_offset(dtype) + 16 * half)));
             [[maybe_unused]] __m256 dmin_w;
-            if constexpr (q4_k) dmin_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2336 + 16 * half)));
+            if constexpr (dtype == DType::Q4_K) dmin_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2336 + 16 * half)));
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
                 const __m256 d_x = _mm256_set1_ps(xd[c * blocks + b]);
                 acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d_w, d_x), _mm256_cvtepi32_ps(s[c]), acc[c]);
-                if constexpr (q4_k) acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin_w, d_x), _mm256_cvtepi32_ps(mins[c]), acc[c]);
+                if constexpr (dtype == DType::Q4_K) acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin_w, d_x), _mm256_cvtepi32_ps(mins[c]), acc[c]);
             }
         }
         const __m256i row = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(8 * half)));
@@ -9120,43 +8992,59 @@ template <DType dtype, int C>
                                                                                           const QuantizedRows& x, size_t first_token,
                                                                                           size_t K, float* out, size_t N, size_t lo,
                                                                                           size_t hi) {
-    constexpr bool q4_k = dtype == DType::Q4_K;
-    constexpr size_t B = q4_k ? 256 : 32, block_bytes = q4_k ? 2368 : 288;
+    constexpr size_t B = dtype == DType::Q4_K || dtype == DType::Q6_K ? 256 : 32, sums_per_block = B == 256 ? 16 : 1;
+    const size_t block_bytes = row_group_block_bytes(dtype);
     const int8_t* xq = x.q.data() + first_token * K;
     const float* xd = x.d.data() + first_token * blocks;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const int16_t* xs = x.sums.data() + first_token * blocks * sums_per_block;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512 acc[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (size_t b = 0; b < blocks; ++b) {
         const std::byte* block = group + b * block_bytes;
+        auto x_at = [&](int c, size_t k) { return _mm512_set1_epi32(load_i32(xq + c * K + B * b + k)); };
+        auto block_sum = [&](int c, size_t j) { return static_cast<int>(xs[(c * blocks + b) * sums_per_block + j]); };
         __m512i s[C], mins[C];
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-            s[c] = q4_k ? _mm512_setzero_si512() : _mm512_set1_epi32(-8 * x.sums[(first_token + c) * blocks + b]);
-            mins[c] = _mm512_setzero_si512();
+            s[c] = mins[c] = _mm512_setzero_si512();
+            if constexpr (dtype == DType::Q8_0) s[c] = _mm512_set1_epi32(-128 * block_sum(c, 0));
+            if constexpr (dtype == DType::Q4_0) s[c] = _mm512_set1_epi32(-8 * block_sum(c, 0));
         }
-        for (size_t p = 0; p < (q4_k ? 4 : 1); ++p) {
-            __m512i first[C], second[C];  // Q4_0: both into s
+        if constexpr (dtype == DType::Q8_0) {
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) first[c] = second[c] = _mm512_setzero_si512();
+            for (size_t m = 0; m < 8; ++m) {
+                const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * m), flip);  // q + 128 as unsigned
 #pragma GCC unroll 8
-            for (size_t m = 0; m < (q4_k ? 8 : 4); ++m) {
-                const __m512i packed = _mm512_loadu_si512(block + 512 * p + 64 * m);
+                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], q, x_at(c, 4 * m));
+            }
+        } else if constexpr (dtype == DType::Q4_0) {
+#pragma GCC unroll 4
+            for (size_t m = 0; m < 4; ++m) {
+                const __m512i packed = _mm512_loadu_si512(block + 64 * m);
                 const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
-                    const int8_t* xb = xq + c * K + B * b + 64 * p + 4 * m;
-                    if constexpr (q4_k) {
-                        first[c] = _mm512_dpbusd_epi32(first[c], low, _mm512_set1_epi32(load_i32(xb)));
-                        second[c] = _mm512_dpbusd_epi32(second[c], high, _mm512_set1_epi32(load_i32(xb + 32)));
-                    } else {
-                        s[c] = _mm512_dpbusd_epi32(s[c], low, _mm512_set1_epi32(load_i32(xb)));
-                        s[c] = _mm512_dpbusd_epi32(s[c], high, _mm512_set1_epi32(load_i32(xb + 16)));
-                    }
+                    s[c] = _mm512_dpbusd_epi32(s[c], low, x_at(c, 4 * m));
+                    s[c] = _mm512_dpbusd_epi32(s[c], high, x_at(c, 16 + 4 * m));
                 }
             }
-            if constexpr (q4_k) {
+        } else if constexpr (dtype == DType::Q4_K) {
+            for (size_t p = 0; p < 4; ++p) {
+                __m512i first[C], second[C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) first[c] = second[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (size_t m = 0; m < 8; ++m) {
+                    const __m512i packed = _mm512_loadu_si512(block + 512 * p + 64 * m);
+                    const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; ++c) {
+                        first[c] = _mm512_dpbusd_epi32(first[c], low, x_at(c, 64 * p + 4 * m));
+                        second[c] = _mm512_dpbusd_epi32(second[c], high, x_at(c, 64 * p + 32 + 4 * m));
+                    }
+                }
                 const __m512i scale_first = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p))));
                 const __m512i scale_second = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p + 1))));
 #pragma GCC unroll 8
@@ -9164,26 +9052,43 @@ template <DType dtype, int C>
                     s[c] = _mm512_add_epi32(s[c], _mm512_add_epi32(_mm512_mullo_epi32(first[c], scale_first),
                                                                    _mm512_mullo_epi32(second[c], scale_second)));
             }
-        }
-        if constexpr (q4_k)
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) {
+            for (size_t j = 0; j < 8; ++j) {
                 const __m512i value = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2176 + 16 * j)));
                 const __m512i minimum = _mm512_or_si512(value, _mm512_maskz_slli_epi32(0xFFFF, value, 16));
 #pragma GCC unroll 8
+                for (int c = 0; c < C; ++c)
+                    mins[c] = _mm512_dpwssd_epi32(mins[c], minimum, _mm512_set1_epi32(load_i32(&xs[(c * blocks + b) * sums_per_block + 2 * j])));
+            }
+        } else {  // Q6_K
+#pragma GCC unroll 2
+            for (size_t j = 0; j < 16; ++j) {
+                const __m512i first = _mm512_loadu_si512(block + 192 * j), second = _mm512_loadu_si512(block + 192 * j + 64);
+                const __m512i high = _mm512_loadu_si512(block + 192 * j + 128);
+                const __m512i q0 = _mm512_or_si512(_mm512_and_si512(first, low4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top2));
+                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(first, 4), low4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top2));
+                const __m512i q2 = _mm512_or_si512(_mm512_and_si512(second, low4), _mm512_and_si512(high, top2));
+                const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(second, 4), low4), _mm512_and_si512(_mm512_srli_epi16(high, 2), top2));
+                const __m512i scale = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 3072 + 16 * j)));
+#pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
-                    const int16_t* sums = x.sums.data() + ((first_token + c) * blocks + b) * 16 + 2 * j;
-                    mins[c] = _mm512_dpwssd_epi32(mins[c], minimum, _mm512_set1_epi32(load_i32(sums)));
+                    __m512i sub = _mm512_set1_epi32(-32 * block_sum(c, j));
+                    sub = _mm512_dpbusd_epi32(sub, q0, x_at(c, 16 * j));
+                    sub = _mm512_dpbusd_epi32(sub, q1, x_at(c, 16 * j + 4));
+                    sub = _mm512_dpbusd_epi32(sub, q2, x_at(c, 16 * j + 8));
+                    sub = _mm512_dpbusd_epi32(sub, q3, x_at(c, 16 * j + 12));
+                    s[c] = _mm512_add_epi32(s[c], _mm512_mullo_epi32(sub, scale));
                 }
             }
-        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (q4_k ? 2304 : 256))));
+        }
+        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_group_d_offset(dtype))));
         [[maybe_unused]] __m512 dmin_w;
-        if constexpr (q4_k) dmin_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2336)));
+        if constexpr (dtype == DType::Q4_K) dmin_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2336)));
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m512 d_x = _mm512_set1_ps(xd[c * blocks + b]);
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, s[c]), acc[c]);
-            if constexpr (q4_k) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, mins[c]), acc[c]);
+            if constexpr (dtype == DType::Q4_K) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, mins[c]), acc[c]);
         }
     }
     const __mmask16 keep = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
@@ -9191,14 +9096,14 @@ template <DType dtype, int C>
     for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + c * N, keep, acc[c]);
 }
 
-// Rows [row_begin, row_end) of a Q4_0 or Q4_K matrix, group by group (interleaved here when the tensor has no row groups
-// of its own), every tile of tokens passing over a group while it sits in L1 or L2. The tiles are as wide as the
-// registers allow: Q4_K keeps two sub-block sums per token besides its chain.
+// Rows [row_begin, row_end) of a row-group matrix, group by group (interleaved here when the tensor has no row groups
+// of its own), every tile of tokens passing over a group while it sits in L1 or L2, the tiles as wide as the
+// registers allow.
 template <DType dtype, bool wide>
 void row_group_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows()), blocks = K / static_cast<size_t>(x.block);
     const size_t group_bytes = blocks * row_group_block_bytes(dtype), tokens = static_cast<size_t>(T);
-    constexpr size_t widest = dtype == DType::Q4_K ? (wide ? 4 : 2) : (wide ? 8 : 4);
+    constexpr int widest = row_group_widest_tile<dtype>(wide);
     thread_local std::vector<std::byte> interleaved;
     for (size_t g = row_begin / group_rows; g * group_rows < row_end; ++g) {
         const std::byte* group;
@@ -9224,21 +9129,10 @@ void row_group_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, 
     }
 }
 
-// The types with an AVX-512 tile (the types of Q8_0 and Q4_K_M files); the others take the AVX2 one.
+// Rows [row_begin, row_end) of the other types, in blocks of about 256 KB that stay in L2 while every tile of tokens
+// passes over them (4 tokens a tile in AVX2's 16 registers, then smaller tiles for the rest).
 template <DType dtype>
-constexpr bool has_avx512_tile = dtype == DType::Q8_0 || dtype == DType::Q6_K;
-
-template <DType dtype, bool wide, int C>
-inline void integer_tile(const std::byte* rows, size_t row_bytes, size_t count, const QuantizedRows& x, size_t first_token, size_t K,
-                         float* out, size_t N) {
-    if constexpr (wide) integer_tile_avx512<dtype, C>(rows, row_bytes, count, x, first_token, K, out, N);
-    else integer_tile_avx2<dtype, C>(rows, row_bytes, count, x, first_token, K, out, N);
-}
-
-// Rows [row_begin, row_end), in blocks of about 256 KB that stay in L2 while every tile of tokens passes over them
-// (8 tokens a tile in AVX-512's 32 registers, 4 in AVX2's 16, then smaller tiles for the rest).
-template <DType dtype, bool wide>
-void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
+void integer_rows_avx2(const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
     const size_t K = static_cast<size_t>(w.cols()), N = static_cast<size_t>(w.rows());
     const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
     const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes), tokens = static_cast<size_t>(T);
@@ -9246,24 +9140,19 @@ void integer_rows(const Tensor& w, const QuantizedRows& x, int T, float* out, si
         const std::byte* rows = w.data + block * row_bytes;
         const size_t count = std::min(row_end, block + rows_per_block) - block;
         size_t t = 0;
-        if constexpr (wide)
-            for (; t + 8 <= tokens; t += 8) integer_tile<dtype, wide, 8>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
-        for (; t + 4 <= tokens; t += 4) integer_tile<dtype, wide, 4>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
-        for (; t + 2 <= tokens; t += 2) integer_tile<dtype, wide, 2>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
-        if (t < tokens) integer_tile<dtype, wide, 1>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        for (; t + 4 <= tokens; t += 4) integer_tile_avx2<dtype, 4>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        for (; t + 2 <= tokens; t += 2) integer_tile_avx2<dtype, 2>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
+        if (t < tokens) integer_tile_avx2<dtype, 1>(rows, row_bytes, count, x, t, K, out + t * N + block, N);
     }
 }
 
 template <DType dtype>
 void integer_rows_simd(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin, size_t row_end) {
-    const bool wide = path == CpuKernels::Avx512 && cpu_runs_integer_avx512();
     if constexpr (has_row_groups(dtype)) {
-        if (wide) row_group_rows<dtype, true>(w, x, T, out, row_begin, row_end);
+        if (path == CpuKernels::Avx512 && cpu_runs_integer_avx512()) row_group_rows<dtype, true>(w, x, T, out, row_begin, row_end);
         else row_group_rows<dtype, false>(w, x, T, out, row_begin, row_end);
     } else {
-        if constexpr (has_avx512_tile<dtype>)
-            if (wide) return integer_rows<dtype, true>(w, x, T, out, row_begin, row_end);
-        integer_rows<dtype, false>(w, x, T, out, row_begin, row_end);
+        integer_rows_avx2<dtype>(w, x, T, out, row_begin, row_end);
     }
 }
 
