@@ -2323,8 +2323,8 @@ inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const floa
 
 // The block types with an integer kernel take the integer path instead, as llama.cpp does: the activations are
 // quantized once per call to 8-bit blocks with a scale each (QuantizedRows), every block product is an exact integer
-// dot of int8 values kept in eight lanes, and only the scales are applied in f32, block after block in a fixed order,
-// so batch invariance holds here too. Fewer bytes per weight and 32 multiply-adds per instruction: appendix H.
+// dot of int8 values, and only the scales are applied in f32, block after block in a fixed order, so batch invariance
+// holds here too. Fewer bytes per weight and 64 multiply-adds per instruction: appendix H.
 //
 // Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
 // f16) for Q8_0, Q4_0 and Q5_0 weights, with Q8_1's s = f16(d·Σq) beside it for Q4_1 and Q5_1 (their minimum
@@ -8108,9 +8108,10 @@ inline Model demo_model() {
 // comments give it byte by byte; llama.cpp's ggml-quants.c and the GGUF specification are the references). Every
 // product a decoder forms is exact in f32, so a correct decoder is bit-identical to llama.cpp's whatever its order.
 // Then the integer kernels: the same blocks read as int8 and multiplied by 8-bit activations, their definition in a
-// portable loop and its AVX2 and AVX-512 twins, which decode the blocks in registers. Cost: a few operations per weight
-// to decode; at decode time the integer kernels are bound by the weights' bytes, in prefill by their instructions per
-// 32-weight chunk and token. (chapter 02)
+// portable loop and its AVX2 and AVX-512 twins, which decode the blocks in registers; for Q8_0, Q4_0, Q4_K and Q6_K
+// from row groups, sixteen rows interleaved at load time so one register holds four columns of all of them. Cost: a
+// few operations per weight to decode; at decode time the integer kernels are bound by the weights' bytes, in prefill
+// by their instructions per column quad and token. (chapter 02)
 
 namespace detail {
 
@@ -8858,6 +8859,12 @@ inline int32_t load_i32(const void* p) {
     std::memcpy(&value, p, 4);
     return value;
 }
+// Four activation bytes in every 32-bit lane; 32 bytes of a row group.
+[[gnu::target("avx2,fma,f16c")]] inline __m256i broadcast4_avx2(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
+[[gnu::target("avx2,fma,f16c")]] inline __m256i load_avx2(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i broadcast4_avx512(const int8_t* p) {
+    return _mm512_set1_epi32(load_i32(p));
+}
 
 // How far ahead of the block in use the K-quant kernels request its lines from memory. A K-quant block is long work
 // (2368 or 3360 bytes); at one token a tile the hardware prefetcher fell behind it, and decode waited on memory
@@ -8899,8 +8906,8 @@ template <DType dtype, int C>
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
         for (size_t half = 0; half < 2; ++half) {
             __m256 (&acc)[C] = sums[half];
-            auto quad = [&](size_t offset) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + offset + 32 * half)); };
-            auto x_at = [&](int c, size_t k) { return _mm256_set1_epi32(load_i32(xq + c * K + B * b + k)); };
+            const std::byte* rows = block + 32 * half;  // quad m of these eight rows at rows + 64·m
+            const int8_t* xb = xq + B * b;             // token c's block at xb + c·K
             auto block_sum = [&](int c, size_t j) { return static_cast<int>(xs[(c * blocks + b) * sums_per_block + j]); };
             __m256i s[C], mins[C];
 #pragma GCC unroll 8
@@ -8908,10 +8915,10 @@ template <DType dtype, int C>
             if constexpr (dtype == DType::Q8_0) {
 #pragma GCC unroll 8
                 for (size_t m = 0; m < 8; ++m) {
-                    const __m256i q = quad(64 * m), magnitude = _mm256_sign_epi8(q, q);
+                    const __m256i q = load_avx2(rows + 64 * m), magnitude = _mm256_sign_epi8(q, q);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c)
-                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x_at(c, 4 * m), q)), ones));
+                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(broadcast4_avx2(xb + c * K + 4 * m), q)), ones));
                 }
             } else if constexpr (dtype == DType::Q4_0) {
                 __m256i pairs[C];
@@ -8919,12 +8926,12 @@ template <DType dtype, int C>
                 for (int c = 0; c < C; ++c) pairs[c] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (size_t m = 0; m < 4; ++m) {  // at most 8 · 2 · 15 · 127 = 30480 in 16 bits
-                    const __m256i packed = quad(64 * m);
+                    const __m256i packed = load_avx2(rows + 64 * m);
                     const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {
-                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(low, x_at(c, 4 * m)));
-                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(high, x_at(c, 16 + 4 * m)));
+                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(low, broadcast4_avx2(xb + c * K + 4 * m)));
+                        pairs[c] = _mm256_add_epi16(pairs[c], _mm256_maddubs_epi16(high, broadcast4_avx2(xb + c * K + 16 + 4 * m)));
                     }
                 }
 #pragma GCC unroll 8
@@ -8936,12 +8943,12 @@ template <DType dtype, int C>
                     for (int c = 0; c < C; ++c) first[c] = second[c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                     for (size_t m = 0; m < 8; ++m) {
-                        const __m256i packed = quad(512 * p + 64 * m);
+                        const __m256i packed = load_avx2(rows + 512 * p + 64 * m);
                         const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                         for (int c = 0; c < C; ++c) {
-                            first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, x_at(c, 64 * p + 4 * m)));
-                            second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, x_at(c, 64 * p + 32 + 4 * m)));
+                            first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, broadcast4_avx2(xb + c * K + 64 * p + 4 * m)));
+                            second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, broadcast4_avx2(xb + c * K + 64 * p + 32 + 4 * m)));
                         }
                     }
                     const __m256i scale_first = twice_per_row_avx2(block + 2048 + 16 * (2 * p) + 8 * half);
@@ -8962,7 +8969,7 @@ template <DType dtype, int C>
             } else {  // Q6_K
 #pragma GCC unroll 2
                 for (size_t j = 0; j < 16; ++j) {
-                    const __m256i first = quad(192 * j), second = quad(192 * j + 64), high = quad(192 * j + 128);
+                    const __m256i first = load_avx2(rows + 192 * j), second = load_avx2(rows + 192 * j + 64), high = load_avx2(rows + 192 * j + 128);
                     const __m256i q0 = _mm256_or_si256(_mm256_and_si256(first, low4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top2));
                     const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4), _mm256_and_si256(_mm256_slli_epi16(high, 2), top2));
                     const __m256i q2 = _mm256_or_si256(_mm256_and_si256(second, low4), _mm256_and_si256(high, top2));
@@ -8970,8 +8977,8 @@ template <DType dtype, int C>
                     const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 3072 + 16 * j + 8 * half)));
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {  // pairs of quads: at most 2 · 2 · 63 · 127 = 32004 in 16 bits
-                        const __m256i pair01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, x_at(c, 16 * j)), _mm256_maddubs_epi16(q1, x_at(c, 16 * j + 4)));
-                        const __m256i pair23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, x_at(c, 16 * j + 8)), _mm256_maddubs_epi16(q3, x_at(c, 16 * j + 12)));
+                        const __m256i pair01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, broadcast4_avx2(xb + c * K + 16 * j)), _mm256_maddubs_epi16(q1, broadcast4_avx2(xb + c * K + 16 * j + 4)));
+                        const __m256i pair23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, broadcast4_avx2(xb + c * K + 16 * j + 8)), _mm256_maddubs_epi16(q3, broadcast4_avx2(xb + c * K + 16 * j + 12)));
                         const __m256i sub = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(pair01, ones), _mm256_madd_epi16(pair23, ones)),
                                                              _mm256_set1_epi32(-32 * block_sum(c, j)));
                         s[c] = _mm256_add_epi32(s[c], _mm256_mullo_epi32(sub, scale));
@@ -9016,7 +9023,7 @@ template <DType dtype, int C>
         const std::byte* block = group + b * block_bytes;
         if constexpr (B == 256)
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
-        auto x_at = [&](int c, size_t k) { return _mm512_set1_epi32(load_i32(xq + c * K + B * b + k)); };
+        const int8_t* xb = xq + B * b;  // token c's block at xb + c·K
         auto block_sum = [&](int c, size_t j) { return static_cast<int>(xs[(c * blocks + b) * sums_per_block + j]); };
         __m512i s[C], mins[C];
 #pragma GCC unroll 8
@@ -9030,7 +9037,7 @@ template <DType dtype, int C>
             for (size_t m = 0; m < 8; ++m) {
                 const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * m), flip);  // q + 128 as unsigned
 #pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], q, x_at(c, 4 * m));
+                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], q, broadcast4_avx512(xb + c * K + 4 * m));
             }
         } else if constexpr (dtype == DType::Q4_0) {
 #pragma GCC unroll 4
@@ -9039,8 +9046,8 @@ template <DType dtype, int C>
                 const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
-                    s[c] = _mm512_dpbusd_epi32(s[c], low, x_at(c, 4 * m));
-                    s[c] = _mm512_dpbusd_epi32(s[c], high, x_at(c, 16 + 4 * m));
+                    s[c] = _mm512_dpbusd_epi32(s[c], low, broadcast4_avx512(xb + c * K + 4 * m));
+                    s[c] = _mm512_dpbusd_epi32(s[c], high, broadcast4_avx512(xb + c * K + 16 + 4 * m));
                 }
             }
         } else if constexpr (dtype == DType::Q4_K) {
@@ -9054,8 +9061,8 @@ template <DType dtype, int C>
                     const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {
-                        first[c] = _mm512_dpbusd_epi32(first[c], low, x_at(c, 64 * p + 4 * m));
-                        second[c] = _mm512_dpbusd_epi32(second[c], high, x_at(c, 64 * p + 32 + 4 * m));
+                        first[c] = _mm512_dpbusd_epi32(first[c], low, broadcast4_avx512(xb + c * K + 64 * p + 4 * m));
+                        second[c] = _mm512_dpbusd_epi32(second[c], high, broadcast4_avx512(xb + c * K + 64 * p + 32 + 4 * m));
                     }
                 }
                 const __m512i scale_first = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p))));
@@ -9086,10 +9093,10 @@ template <DType dtype, int C>
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
                     __m512i sub = _mm512_set1_epi32(-32 * block_sum(c, j));
-                    sub = _mm512_dpbusd_epi32(sub, q0, x_at(c, 16 * j));
-                    sub = _mm512_dpbusd_epi32(sub, q1, x_at(c, 16 * j + 4));
-                    sub = _mm512_dpbusd_epi32(sub, q2, x_at(c, 16 * j + 8));
-                    sub = _mm512_dpbusd_epi32(sub, q3, x_at(c, 16 * j + 12));
+                    sub = _mm512_dpbusd_epi32(sub, q0, broadcast4_avx512(xb + c * K + 16 * j));
+                    sub = _mm512_dpbusd_epi32(sub, q1, broadcast4_avx512(xb + c * K + 16 * j + 4));
+                    sub = _mm512_dpbusd_epi32(sub, q2, broadcast4_avx512(xb + c * K + 16 * j + 8));
+                    sub = _mm512_dpbusd_epi32(sub, q3, broadcast4_avx512(xb + c * K + 16 * j + 12));
                     s[c] = _mm512_add_epi32(s[c], _mm512_mullo_epi32(sub, scale));
                 }
             }
