@@ -445,8 +445,8 @@ struct Tensor {
     DType dtype = DType::F32;        // the stored type: the forward pass converts in registers, never in memory
     std::vector<int64_t> shape;      // outermost first: [N, K] for a matrix
     const std::byte* data = nullptr; // into the mapping: no copy, so loading costs no time per weight
-    // Q4_0 matrices of a loaded Model: the same blocks interleaved sixteen rows at a time, the layout the CPU's integer
-    // kernel reads fastest (appendix H); null elsewhere, and the kernels interleave on the fly.
+    // Q8_0, Q4_0, Q4_K and Q6_K matrices of a loaded Model: the same blocks interleaved sixteen rows at a time, the
+    // layout the CPU's integer kernels read fastest (appendix H); null elsewhere, and the kernels interleave on the fly.
     const std::byte* row_groups = nullptr;
 
     bool empty() const { return data == nullptr; }
@@ -657,7 +657,7 @@ struct Model {
 
     std::vector<std::shared_ptr<MappedFile>> files;  // keep the mappings alive (shared: a GgufFile may hold one too)
     std::vector<std::vector<std::byte>> owned;       // or own the bytes (built-in models)
-    std::unique_ptr<std::byte[]> row_group_storage;  // Q4_0 matrices rearranged for the CPU (appendix H), else null
+    std::unique_ptr<std::byte[]> row_group_storage;  // the Tensors' row_groups (appendix H), else null
     // Its tokenizer, built by the first tokenizer_for() and handed out from then on: reading a tokenizer.json takes
     // 0.2-0.7 s, too much to pay on every generate(). Shared, so a moved Model keeps it.
     std::shared_ptr<detail::TokenizerSlot> tokenizer_slot = detail::new_tokenizer_slot();
@@ -754,7 +754,7 @@ inline void validate_model(const Model& m) {
              c.vocab_size, " rows");
 }
 
-// Q4_0 matrices interleaved for the CPU's integer kernel, kept beside the mapping (appendix H).
+// The Q8_0, Q4_0, Q4_K and Q6_K matrices interleaved for the CPU's integer kernels, beside the mapping (appendix H).
 inline void add_row_groups(Model& model);
 
 // Reads fields of config.json with messages that name the file and the field.
@@ -2337,7 +2337,7 @@ struct QuantizedRows {
     std::vector<float> d;        // [T, K / block]
     std::vector<float> s;        // [T, K / 32], blocks of 32 only: Q8_1's s, d·Σq with the unrounded d, as f16
     std::vector<int16_t> sums;   // Q8_K: [T, K / 16], what the K-quants' minimums multiply; blocks of 32: [T, K / 32],
-                                 // Σq of each block, what Q4_0's offset of −8 multiplies
+                                 // Σq of each block, what Q8_0's and Q4_0's offsets in row groups multiply
 };
 
 // Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
@@ -8865,12 +8865,29 @@ inline int32_t load_i32(const void* p) {
 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i broadcast4_avx512(const int8_t* p) {
     return _mm512_set1_epi32(load_i32(p));
 }
+// A row group's per-row numbers: eight (AVX2) or sixteen (AVX-512) f16 widened to f32, or bytes widened to int32.
+[[gnu::target("avx2,fma,f16c")]] inline __m256 f16_per_row_avx2(const std::byte* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512 f16_per_row_avx512(const std::byte* p) {
+    return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+template <bool is_signed>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]] inline __m512i bytes_per_row_avx512(const std::byte* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return is_signed ? _mm512_maskz_cvtepi8_epi32(0xFFFF, bytes) : _mm512_maskz_cvtepu8_epi32(0xFFFF, bytes);
+}
 
 // How far ahead of the block in use the K-quant kernels request its lines from memory. A K-quant block is long work
 // (2368 or 3360 bytes); at one token a tile the hardware prefetcher fell behind it, and decode waited on memory
 // instead of running at its bandwidth (one thread, 1.1B Q4_K_M: 35 → 48 tokens/s). Q8_0 and Q4_0 blocks are short and
 // already stream at the bandwidth; asked ahead by hand they lost a fifth.
 constexpr size_t prefetch_distance = 4096;
+
+// A K-quant block's lines, requested from memory prefetch_distance ahead.
+inline void prefetch_ahead(const std::byte* block, size_t bytes) {
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
+}
 
 // Where a row group's sixteen f16 d sit in each of its blocks.
 constexpr size_t row_group_d_offset(DType dtype) {
@@ -8902,8 +8919,7 @@ template <DType dtype, int C>
     for (int c = 0; c < C; ++c) sums[0][c] = sums[1][c] = _mm256_setzero_ps();
     for (size_t b = 0; b < blocks; ++b) {
         const std::byte* block = group + b * block_bytes;
-        if constexpr (B == 256)
-            for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
+        if constexpr (B == 256) prefetch_ahead(block, block_bytes);
         for (size_t half = 0; half < 2; ++half) {
             __m256 (&acc)[C] = sums[half];
             const std::byte* rows = block + 32 * half;  // quad m of these eight rows at rows + 64·m
@@ -8917,8 +8933,10 @@ template <DType dtype, int C>
                 for (size_t m = 0; m < 8; ++m) {
                     const __m256i q = load_avx2(rows + 64 * m), magnitude = _mm256_sign_epi8(q, q);
 #pragma GCC unroll 8
-                    for (int c = 0; c < C; ++c)
-                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(broadcast4_avx2(xb + c * K + 4 * m), q)), ones));
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i signed_x = _mm256_sign_epi8(broadcast4_avx2(xb + c * K + 4 * m), q);
+                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+                    }
                 }
             } else if constexpr (dtype == DType::Q4_0) {
                 __m256i pairs[C];
@@ -8947,8 +8965,9 @@ template <DType dtype, int C>
                         const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                         for (int c = 0; c < C; ++c) {
-                            first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, broadcast4_avx2(xb + c * K + 64 * p + 4 * m)));
-                            second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, broadcast4_avx2(xb + c * K + 64 * p + 32 + 4 * m)));
+                            const int8_t* x = xb + c * K + 64 * p + 4 * m;  // sub-block 2p's quad m; 2p + 1's 32 on
+                            first[c] = _mm256_add_epi16(first[c], _mm256_maddubs_epi16(low, broadcast4_avx2(x)));
+                            second[c] = _mm256_add_epi16(second[c], _mm256_maddubs_epi16(high, broadcast4_avx2(x + 32)));
                         }
                     }
                     const __m256i scale_first = twice_per_row_avx2(block + 2048 + 16 * (2 * p) + 8 * half);
@@ -8969,25 +8988,29 @@ template <DType dtype, int C>
             } else {  // Q6_K
 #pragma GCC unroll 2
                 for (size_t j = 0; j < 16; ++j) {
-                    const __m256i first = load_avx2(rows + 192 * j), second = load_avx2(rows + 192 * j + 64), high = load_avx2(rows + 192 * j + 128);
+                    const __m256i first = load_avx2(rows + 192 * j), second = load_avx2(rows + 192 * j + 64);
+                    const __m256i high = load_avx2(rows + 192 * j + 128);  // four quads' top two bits (0x30 once moved)
                     const __m256i q0 = _mm256_or_si256(_mm256_and_si256(first, low4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top2));
-                    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4), _mm256_and_si256(_mm256_slli_epi16(high, 2), top2));
+                    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low4),
+                                                       _mm256_and_si256(_mm256_slli_epi16(high, 2), top2));
                     const __m256i q2 = _mm256_or_si256(_mm256_and_si256(second, low4), _mm256_and_si256(high, top2));
-                    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4), _mm256_and_si256(_mm256_srli_epi16(high, 2), top2));
+                    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low4),
+                                                       _mm256_and_si256(_mm256_srli_epi16(high, 2), top2));
                     const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 3072 + 16 * j + 8 * half)));
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {  // pairs of quads: at most 2 · 2 · 63 · 127 = 32004 in 16 bits
-                        const __m256i pair01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, broadcast4_avx2(xb + c * K + 16 * j)), _mm256_maddubs_epi16(q1, broadcast4_avx2(xb + c * K + 16 * j + 4)));
-                        const __m256i pair23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, broadcast4_avx2(xb + c * K + 16 * j + 8)), _mm256_maddubs_epi16(q3, broadcast4_avx2(xb + c * K + 16 * j + 12)));
+                        const int8_t* x = xb + c * K + 16 * j;
+                        const __m256i pair01 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, broadcast4_avx2(x)), _mm256_maddubs_epi16(q1, broadcast4_avx2(x + 4)));
+                        const __m256i pair23 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, broadcast4_avx2(x + 8)), _mm256_maddubs_epi16(q3, broadcast4_avx2(x + 12)));
                         const __m256i sub = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(pair01, ones), _mm256_madd_epi16(pair23, ones)),
                                                              _mm256_set1_epi32(-32 * block_sum(c, j)));
                         s[c] = _mm256_add_epi32(s[c], _mm256_mullo_epi32(sub, scale));
                     }
                 }
             }
-            const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + row_group_d_offset(dtype) + 16 * half)));
+            const __m256 d_w = f16_per_row_avx2(block + row_group_d_offset(dtype) + 16 * half);
             [[maybe_unused]] __m256 dmin_w;
-            if constexpr (dtype == DType::Q4_K) dmin_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2336 + 16 * half)));
+            if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx2(block + 2336 + 16 * half);
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
                 const __m256 d_x = _mm256_set1_ps(xd[c * blocks + b]);
@@ -9021,8 +9044,7 @@ template <DType dtype, int C>
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (size_t b = 0; b < blocks; ++b) {
         const std::byte* block = group + b * block_bytes;
-        if constexpr (B == 256)
-            for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
+        if constexpr (B == 256) prefetch_ahead(block, block_bytes);
         const int8_t* xb = xq + B * b;  // token c's block at xb + c·K
         auto block_sum = [&](int c, size_t j) { return static_cast<int>(xs[(c * blocks + b) * sums_per_block + j]); };
         __m512i s[C], mins[C];
@@ -9061,12 +9083,13 @@ template <DType dtype, int C>
                     const __m512i low = _mm512_and_si512(packed, low4), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
 #pragma GCC unroll 8
                     for (int c = 0; c < C; ++c) {
-                        first[c] = _mm512_dpbusd_epi32(first[c], low, broadcast4_avx512(xb + c * K + 64 * p + 4 * m));
-                        second[c] = _mm512_dpbusd_epi32(second[c], high, broadcast4_avx512(xb + c * K + 64 * p + 32 + 4 * m));
+                        const int8_t* x = xb + c * K + 64 * p + 4 * m;
+                        first[c] = _mm512_dpbusd_epi32(first[c], low, broadcast4_avx512(x));
+                        second[c] = _mm512_dpbusd_epi32(second[c], high, broadcast4_avx512(x + 32));
                     }
                 }
-                const __m512i scale_first = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p))));
-                const __m512i scale_second = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2048 + 16 * (2 * p + 1))));
+                const __m512i scale_first = bytes_per_row_avx512<false>(block + 2048 + 16 * (2 * p));
+                const __m512i scale_second = bytes_per_row_avx512<false>(block + 2048 + 16 * (2 * p + 1));
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c)
                     s[c] = _mm512_add_epi32(s[c], _mm512_add_epi32(_mm512_mullo_epi32(first[c], scale_first),
@@ -9074,7 +9097,7 @@ template <DType dtype, int C>
             }
 #pragma GCC unroll 8
             for (size_t j = 0; j < 8; ++j) {
-                const __m512i value = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2176 + 16 * j)));
+                const __m512i value = bytes_per_row_avx512<false>(block + 2176 + 16 * j);
                 const __m512i minimum = _mm512_or_si512(value, _mm512_maskz_slli_epi32(0xFFFF, value, 16));
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c)
@@ -9086,10 +9109,12 @@ template <DType dtype, int C>
                 const __m512i first = _mm512_loadu_si512(block + 192 * j), second = _mm512_loadu_si512(block + 192 * j + 64);
                 const __m512i high = _mm512_loadu_si512(block + 192 * j + 128);
                 const __m512i q0 = _mm512_or_si512(_mm512_and_si512(first, low4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top2));
-                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(first, 4), low4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top2));
+                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(first, 4), low4),
+                                                   _mm512_and_si512(_mm512_slli_epi16(high, 2), top2));
                 const __m512i q2 = _mm512_or_si512(_mm512_and_si512(second, low4), _mm512_and_si512(high, top2));
-                const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(second, 4), low4), _mm512_and_si512(_mm512_srli_epi16(high, 2), top2));
-                const __m512i scale = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 3072 + 16 * j)));
+                const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(second, 4), low4),
+                                                   _mm512_and_si512(_mm512_srli_epi16(high, 2), top2));
+                const __m512i scale = bytes_per_row_avx512<true>(block + 3072 + 16 * j);
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) {
                     __m512i sub = _mm512_set1_epi32(-32 * block_sum(c, j));
@@ -9101,14 +9126,15 @@ template <DType dtype, int C>
                 }
             }
         }
-        const __m512 d_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_group_d_offset(dtype))));
+        const __m512 d_w = f16_per_row_avx512(block + row_group_d_offset(dtype));
         [[maybe_unused]] __m512 dmin_w;
-        if constexpr (dtype == DType::Q4_K) dmin_w = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2336)));
+        if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx512(block + 2336);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m512 d_x = _mm512_set1_ps(xd[c * blocks + b]);
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, s[c]), acc[c]);
-            if constexpr (dtype == DType::Q4_K) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, mins[c]), acc[c]);
+            if constexpr (dtype == DType::Q4_K)
+                acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin_w, d_x), _mm512_maskz_cvtepi32_ps(0xFFFF, mins[c]), acc[c]);
         }
     }
     const __mmask16 keep = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
