@@ -601,6 +601,11 @@ struct LayerWeights {
     std::vector<const Tensor*> tensors() const {
         return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
     }
+    std::vector<Tensor*> tensors() {  // the same list, to change them (the CPU's row groups)
+        std::vector<Tensor*> all;
+        for (const Tensor* t : std::as_const(*this).tensors()) all.push_back(const_cast<Tensor*>(t));
+        return all;
+    }
 };
 
 // The vocabulary as llama2.c and GGUF files carry it: SentencePiece pieces with merge scores ("llama"), or byte-level
@@ -8563,7 +8568,7 @@ inline void matmul_rows_integer_portable(const Tensor& w, const QuantizedRows& x
 // The same bits as the file (the same bytes, but Q6_K's regrouped), rearranged once at load time (add_row_groups) or
 // on the fly; rows past the matrix's end are zero.
 constexpr size_t group_rows = 16;
-inline size_t row_group_block_bytes(DType dtype) {
+constexpr size_t row_group_block_bytes(DType dtype) {
     switch (dtype) {
         case DType::Q8_0: return 544;
         case DType::Q4_0: return 288;
@@ -8571,6 +8576,8 @@ inline size_t row_group_block_bytes(DType dtype) {
         default: return 3360;  // Q6_K
     }
 }
+// Every layout ends with the sixteen f16 d (Q4_K: then the sixteen dmin).
+constexpr size_t row_group_d_offset(DType dtype) { return row_group_block_bytes(dtype) - (dtype == DType::Q4_K ? 64 : 32); }
 
 inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N, size_t blocks, size_t group, std::byte* out) {
     const size_t block_bytes = row_group_block_bytes(dtype), file_block_bytes = static_cast<size_t>(dtype_block(dtype).bytes);
@@ -8583,11 +8590,11 @@ inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N,
             switch (dtype) {
                 case DType::Q8_0:
                     for (size_t m = 0; m < 8; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
-                    std::memcpy(to + 512 + 2 * r, from, 2);
+                    std::memcpy(to + row_group_d_offset(dtype) + 2 * r, from, 2);
                     break;
                 case DType::Q4_0:
                     for (size_t m = 0; m < 4; ++m) std::memcpy(to + 64 * m + 4 * r, from + 2 + 4 * m, 4);
-                    std::memcpy(to + 256 + 2 * r, from, 2);
+                    std::memcpy(to + row_group_d_offset(dtype) + 2 * r, from, 2);
                     break;
                 case DType::Q4_K:
                     for (size_t m = 0; m < 32; ++m) std::memcpy(to + 64 * m + 4 * r, from + 16 + 4 * m, 4);
@@ -8597,8 +8604,8 @@ inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N,
                         to[2048 + 16 * j + r] = static_cast<std::byte>(sc);
                         to[2176 + 16 * j + r] = static_cast<std::byte>(min);
                     }
-                    std::memcpy(to + 2304 + 2 * r, from, 2);
-                    std::memcpy(to + 2336 + 2 * r, from + 2, 2);
+                    std::memcpy(to + row_group_d_offset(dtype) + 2 * r, from, 2);
+                    std::memcpy(to + row_group_d_offset(dtype) + 32 + 2 * r, from + 2, 2);
                     break;
                 default: {  // Q6_K: each weight as 0…63 (q + 32), then split again into four and two bits
                     IntegerBlock u;
@@ -8613,7 +8620,7 @@ inline void interleave_row_group(DType dtype, const std::byte* matrix, size_t N,
                         }
                         to[3072 + 16 * j + r] = static_cast<std::byte>(static_cast<int8_t>(u.scale[j]));
                     }
-                    std::memcpy(to + 3328 + 2 * r, from + 208, 2);
+                    std::memcpy(to + row_group_d_offset(dtype) + 2 * r, from + 208, 2);
                 }
             }
         }
@@ -8629,8 +8636,8 @@ inline void add_row_groups(Model& model) {
     };
     std::vector<Tensor*> matrices = {&model.lm_head};
     for (LayerWeights& layer : model.layers)
-        for (Tensor* t : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) matrices.push_back(t);
-    std::erase_if(matrices, [](const Tensor* t) { return !has_row_groups(t->dtype) || t->empty(); });
+        for (Tensor* t : layer.tensors()) matrices.push_back(t);
+    std::erase_if(matrices, [](const Tensor* t) { return !has_row_groups(t->dtype) || t->empty() || t->shape.size() != 2; });
     if (matrices.empty()) return;
     size_t total = 0;
     for (const Tensor* t : matrices) total += group_count(*t) * group_bytes(*t);
@@ -8889,10 +8896,6 @@ inline void prefetch_ahead(const std::byte* block, size_t bytes) {
     for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block + prefetch_distance + line), _MM_HINT_T0);
 }
 
-// Where a row group's sixteen f16 d sit in each of its blocks.
-constexpr size_t row_group_d_offset(DType dtype) {
-    return dtype == DType::Q8_0 ? 512 : dtype == DType::Q4_0 ? 256 : dtype == DType::Q4_K ? 2304 : 3328;
-}
 template <DType dtype>
 constexpr int row_group_widest_tile(bool wide) {  // the K-quants keep a sub-block's sums per token besides the chain
     return dtype == DType::Q4_K || dtype == DType::Q6_K ? (wide ? 4 : 2) : (wide ? 8 : 4);
@@ -9010,7 +9013,7 @@ template <DType dtype, int C>
             }
             const __m256 d_w = f16_per_row_avx2(block + row_group_d_offset(dtype) + 16 * half);
             [[maybe_unused]] __m256 dmin_w;
-            if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx2(block + 2336 + 16 * half);
+            if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx2(block + row_group_d_offset(dtype) + 32 + 16 * half);
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
                 const __m256 d_x = _mm256_set1_ps(xd[c * blocks + b]);
@@ -9128,7 +9131,7 @@ template <DType dtype, int C>
         }
         const __m512 d_w = f16_per_row_avx512(block + row_group_d_offset(dtype));
         [[maybe_unused]] __m512 dmin_w;
-        if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx512(block + 2336);
+        if constexpr (dtype == DType::Q4_K) dmin_w = f16_per_row_avx512(block + row_group_d_offset(dtype) + 32);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m512 d_x = _mm512_set1_ps(xd[c * blocks + b]);
