@@ -2061,11 +2061,15 @@ public:
     int num_blocks() const { return num_blocks_; }
     int capacity_tokens() const { return num_blocks_ * block_size_; }
 
-    // [Hkv × Dh] keys or values of one token: layer, block, slot.
-    float* key(int layer, int block, int slot) { return keys_.get() + offset(layer, block, slot); }
-    float* value(int layer, int block, int slot) { return values_.get() + offset(layer, block, slot); }
-    const float* key(int layer, int block, int slot) const { return keys_.get() + offset(layer, block, slot); }
-    const float* value(int layer, int block, int slot) const { return values_.get() + offset(layer, block, slot); }
+    // The [Dh] key or value of one KV head at one slot; the block's next slots of the same head follow it, Dh apart.
+    float* key(int layer, int block, int kv_head, int slot) { return keys_.get() + offset(layer, block, kv_head, slot); }
+    float* value(int layer, int block, int kv_head, int slot) { return values_.get() + offset(layer, block, kv_head, slot); }
+    const float* key(int layer, int block, int kv_head, int slot) const {
+        return keys_.get() + offset(layer, block, kv_head, slot);
+    }
+    const float* value(int layer, int block, int kv_head, int slot) const {
+        return values_.get() + offset(layer, block, kv_head, slot);
+    }
 
     // The blocks of a sequence, in position order: table[i] holds positions [i·B, (i+1)·B).
     const std::vector<int>& block_table(int sequence) const;
@@ -2094,12 +2098,14 @@ public:
 private:
     struct BlockManager;  // section 05
 
-    size_t offset(int layer, int block, int slot) const {
-        return ((static_cast<size_t>(layer) * num_blocks_ + block) * block_size_ + slot) * token_width_;
+    size_t offset(int layer, int block, int kv_head, int slot) const {
+        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) * head_dim_;
     }
 
-    int layers_, block_size_, num_blocks_, token_width_;
-    std::unique_ptr<float[], CacheLineDelete> keys_, values_;  // [L, num_blocks, B, Hkv, Dh]
+    int layers_, block_size_, num_blocks_, kv_heads_, head_dim_;
+    // Head-major within a block: attention works on one KV head at a time and reads its B keys (then values) as one
+    // run of B × Dh floats, instead of B pieces of Dh floats Hkv × Dh apart.
+    std::unique_ptr<float[], CacheLineDelete> keys_, values_;  // [L, num_blocks, Hkv, B, Dh]
     std::unique_ptr<BlockManager> blocks_;
 };
 
@@ -2299,6 +2305,15 @@ inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, siz
         case CpuKernels::Avx2: return dot_rows<CpuKernels::Avx2, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
         default: return dot_rows<CpuKernels::Portable, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
     }
+}
+
+// Asks the memory system for n floats ahead of their use (a hint: no effect on any result).
+inline void prefetch_floats(const float* data, size_t n) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t i = 0; i < n; i += 16) __builtin_prefetch(data + i);
+#else
+    (void)data, (void)n;
+#endif
 }
 
 // acc[d] += Σ_j weights[j] · rows[j][d] for d < n, j in order (rows row_stride floats apart): attention's weighted
@@ -2523,8 +2538,11 @@ public:
                 for (size_t t = begin; t < end; ++t) {
                     for (size_t h = 0; h < H; ++h) position_heads(&q_[t * q_width + h * Dh], w.q_norm, t);
                     for (size_t h = 0; h < Hkv; ++h) position_heads(&k_[t * kv_width + h * Dh], w.k_norm, t);
-                    std::memcpy(cache.key(l, slot_block_[t], slot_offset_[t]), &k_[t * kv_width], kv_width * sizeof(float));
-                    std::memcpy(cache.value(l, slot_block_[t], slot_offset_[t]), &v_[t * kv_width], kv_width * sizeof(float));
+                    for (size_t h = 0; h < Hkv; ++h) {
+                        const int head = static_cast<int>(h);
+                        std::memcpy(cache.key(l, slot_block_[t], head, slot_offset_[t]), &k_[t * kv_width + h * Dh], Dh * sizeof(float));
+                        std::memcpy(cache.value(l, slot_block_[t], head, slot_offset_[t]), &v_[t * kv_width + h * Dh], Dh * sizeof(float));
+                    }
                 }
             });
             pool_.run_sized(attention_items_.size(), attention_work, [&](size_t begin, size_t end, int thread) {
@@ -2679,7 +2697,7 @@ private:
     void attend_with(const Batch& batch, const KVCache& cache, int layer, const AttentionItem& item, int thread) {
         const ModelConfig& c = model_.config;
         const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
-        const size_t q_width = static_cast<size_t>(c.n_heads) * Dh, kv_width = static_cast<size_t>(c.n_kv_heads) * Dh;
+        const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
         const QueryTile& tile = query_tiles_[item.tile];
         const size_t rows = static_cast<size_t>(tile.tokens) * group;  // query row r: token r / group, head r % group
         const std::vector<int>& table = cache.block_table(batch.sequences[tile.first_token]);
@@ -2700,10 +2718,18 @@ private:
         // slots its KV blocks hold.
         for (int span = item.first; span < item.end;) {
             const int count = std::min(item.end, (span / attention_span + 1) * attention_span) - span;
+            // The next span's keys and values are requested now, so they arrive while this one is worked on: a
+            // block's run of one head is only B × Dh floats, too short for the hardware prefetchers to ramp up on.
+            for (int p = span + count, next_end = std::min(item.end, p + attention_span); p < next_end;) {
+                const int slot = p % B, run = std::min(next_end - p, B - slot);
+                detail::prefetch_floats(cache.key(layer, table[p / B], item.kv_head, slot), static_cast<size_t>(run) * Dh);
+                detail::prefetch_floats(cache.value(layer, table[p / B], item.kv_head, slot), static_cast<size_t>(run) * Dh);
+                p += run;
+            }
             for (int p = span; p < span + count;) {  // the span's keys, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(span + count - p, B - slot);
-                const float* keys = cache.key(layer, table[p / B], slot) + item.kv_head * Dh;
-                detail::dot_rows<path, DType::F32>(reinterpret_cast<const std::byte*>(keys), kv_width * sizeof(float), Dh,
+                const float* keys = cache.key(layer, table[p / B], item.kv_head, slot);
+                detail::dot_rows<path, DType::F32>(reinterpret_cast<const std::byte*>(keys), Dh * sizeof(float), Dh,
                                                    static_cast<size_t>(count), queries, static_cast<int>(rows), scores + (p - span),
                                                    0, static_cast<size_t>(run));
                 p += run;
@@ -2728,7 +2754,7 @@ private:
                 running_max = new_max;
                 for (int p = span + from; p < span + to;) {
                     const int slot = p % B, run = std::min(span + to - p, B - slot);
-                    detail::add_weighted_rows<path>(values, cache.value(layer, table[p / B], slot) + item.kv_head * Dh, kv_width,
+                    detail::add_weighted_rows<path>(values, cache.value(layer, table[p / B], item.kv_head, slot), Dh,
                                                     s + (p - span), run, Dh);
                     p += run;
                 }
@@ -3600,10 +3626,10 @@ struct KVCache::BlockManager {
 
 inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size)
     : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks),
-      token_width_(config.n_kv_heads * config.head_dim), blocks_(std::make_unique<BlockManager>()) {
+      kv_heads_(config.n_kv_heads), head_dim_(config.head_dim), blocks_(std::make_unique<BlockManager>()) {
     if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
     if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
-    size_t floats = static_cast<size_t>(layers_) * num_blocks_ * block_size_ * token_width_;
+    size_t floats = static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * head_dim_;
     // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
     // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
     keys_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), cache_line)));
@@ -4859,9 +4885,9 @@ inline void write_chrome_trace(std::ostream& out, std::span<const StepStats> ste
 // ==== 07 HARDWARE ====================================================================================================
 // Where the forward pass runs: the CPU code of section 04 (its SIMD kernels in appendix F), or the CUDA kernels of
 // infer_cuda.cu (a build with nvcc defines INFER_CUDA and links them). Both take the same Batch and the same KVCache
-// (it keeps the block tables; on the GPU the keys and values live in device memory in the same [L, num_blocks, B, Hkv,
-// Dh] layout) and give the same logits [rows, V] in host memory, so the sampler, scheduler, engine and server do not
-// know which ran. Decode streams every weight once per step (memory-bound: it should run near the memory bandwidth);
+// (it keeps the block tables; on the GPU the keys and values live in device memory, [L, num_blocks, B, Hkv, Dh], the
+// same blocks under the same ids) and give the same logits [rows, V] in host memory, so the sampler, scheduler, engine
+// and server do not know which ran. Decode streams every weight once per step (memory-bound: it should run near the memory bandwidth);
 // prefill is matrix-matrix work (compute-bound: near the FMA or tensor-core rate). Chapter 07 puts both on a roofline.
 
 #ifdef INFER_CUDA

@@ -1120,7 +1120,8 @@ struct ForwardState {
     std::vector<DeviceLayer> layers;
     std::vector<double> inverse_frequencies;  // [Dh/2]
 
-    // The K/V pool: [L, num_blocks, B, Hkv, Dh] each, mirroring the KVCache whose block tables it follows.
+    // The K/V pool: [L, num_blocks, B, Hkv, Dh] each, the blocks of the KVCache whose block tables it follows (token-major
+    // within a block, where the CPU's are head-major: here one thread block writes a token's Hkv × Dh in one sweep).
     const KVCache* pool_owner = nullptr;
     int pool_blocks = 0, pool_block_size = 0;
     DeviceBuffer<float> k_pool, v_pool;
@@ -1582,13 +1583,15 @@ std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, 
                              const ModelConfig& c, bool prefill_kernel) {
     const int T = static_cast<int>(batch.size()), H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.head_dim, B = cache.block_size();
     const size_t width = static_cast<size_t>(Hkv) * Dh, slots = static_cast<size_t>(cache.num_blocks()) * B;
-    // The layer's host pool, as the CPU reads it, uploaded whole.
+    // The layer's host pool uploaded whole, from the CPU's head-major blocks into the GPU pool's token-major ones.
     std::vector<float> keys(slots * width), values(slots * width);
     for (int block = 0; block < cache.num_blocks(); ++block)
-        for (int slot = 0; slot < B; ++slot) {
-            std::memcpy(&keys[(static_cast<size_t>(block) * B + slot) * width], cache.key(layer, block, slot), width * 4);
-            std::memcpy(&values[(static_cast<size_t>(block) * B + slot) * width], cache.value(layer, block, slot), width * 4);
-        }
+        for (int slot = 0; slot < B; ++slot)
+            for (int h = 0; h < Hkv; ++h) {
+                const size_t at = (static_cast<size_t>(block) * B + slot) * width + static_cast<size_t>(h) * Dh;
+                std::memcpy(&keys[at], cache.key(layer, block, h, slot), Dh * 4);
+                std::memcpy(&values[at], cache.value(layer, block, h, slot), Dh * 4);
+            }
     std::unordered_map<int, int> index;
     std::vector<int> sequence(static_cast<size_t>(T)), tables;
     const int stride = cache.num_blocks();

@@ -151,7 +151,7 @@ std::vector<float> cpu_attention(const std::vector<float>& q, const infer::KVCac
             std::vector<double> scores;
             double best = -1e300;
             for (int p = first; p <= position; ++p) {
-                const float* key = cache.key(layer, table[p / B], p % B) + kv_head * Dh;
+                const float* key = cache.key(layer, table[p / B], kv_head, p % B);
                 double dot = 0;
                 for (int i = 0; i < Dh; ++i) dot += double(qh[i]) * key[i];
                 scores.push_back(dot / std::sqrt(double(Dh)));
@@ -162,7 +162,7 @@ std::vector<float> cpu_attention(const std::vector<float>& q, const infer::KVCac
             for (int i = 0; i < Dh; ++i) {
                 double sum = 0;
                 for (int p = first; p <= position; ++p)
-                    sum += scores[p - first] / total * cache.value(layer, table[p / B], p % B)[kv_head * Dh + i];
+                    sum += scores[p - first] / total * cache.value(layer, table[p / B], kv_head, p % B)[i];
                 out[(t * H + h) * Dh + i] = static_cast<float>(sum);
             }
         }
@@ -382,8 +382,10 @@ TEST_CASE("gpu kernels: paged attention, decode and prefill kernels, GQA and sli
                 for (int layer = 0; layer < 2; ++layer)
                     for (int p = 0; p < lengths[s]; ++p) {
                         std::vector<float> k = random_floats(static_cast<size_t>(Hkv) * Dh, rng), v = random_floats(k.size(), rng);
-                        std::memcpy(cache.key(layer, table[p / 4], p % 4), k.data(), k.size() * 4);
-                        std::memcpy(cache.value(layer, table[p / 4], p % 4), v.data(), v.size() * 4);
+                        for (int h = 0; h < Hkv; ++h) {
+                            std::memcpy(cache.key(layer, table[p / 4], h, p % 4), &k[h * Dh], Dh * 4);
+                            std::memcpy(cache.value(layer, table[p / 4], h, p % 4), &v[h * Dh], Dh * 4);
+                        }
                     }
             }
             // A decode token of sequence 0, a one-token sequence, and a 33-token prefill chunk of sequence 2.
