@@ -294,6 +294,7 @@ using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 // For arrays that are left uninitialized (the KV cache): allocate with ::operator new[](bytes, cache_line).
 struct CacheLineDelete {
     void operator()(float* p) const { ::operator delete[](p, cache_line); }
+    void operator()(std::byte* p) const { ::operator delete[](p, cache_line); }
 };
 
 // ---- Thread pool ----------------------------------------------------------------------------------------------------
@@ -2034,26 +2035,28 @@ struct Batch {
 
 // ---- The KV cache's storage -----------------------------------------------------------------------------------------
 // Attention at position p needs the keys and values of every earlier position. Recomputing them each step would make
-// decode cost the whole prefix again; keeping them costs memory instead: 2 × L × Hkv × Dh × 4 bytes per token. The
-// storage is one pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which
+// decode cost the whole prefix again; keeping them costs memory instead: 2 × L × Hkv × Dh × 4 bytes per token in f32,
+// half that in f16 or bf16 (the choice of KVCache's dtype: at long contexts decode reads more cache than weights, so
+// the 16-bit types trade 2⁻¹¹ or 2⁻⁸ of relative rounding per stored value for half the bytes). The storage is one pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which
 // positions (position p: block table[p / B], slot p % B), so a sequence grows without copying and without reserving
 // its maximum length up front. The forward pass only reads tables and writes slots. Who gets which block, and how two
 // requests with the same prompt prefix share blocks, is the block manager's job: section 05.
 
 class KVCache {
 public:
-    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16);
+    // dtype: how keys and values are stored, F32 (the default), F16 or BF16; attention widens them to f32 as it reads.
+    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16, DType dtype = DType::F32);
     ~KVCache();
     KVCache(const KVCache&) = delete;
     KVCache& operator=(const KVCache&) = delete;
 
     // Bytes one token occupies across all layers (keys and values).
-    static size_t bytes_per_token(const ModelConfig& c) {
-        return 2 * sizeof(float) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
+    static size_t bytes_per_token(const ModelConfig& c, DType dtype = DType::F32) {
+        return 2 * static_cast<size_t>(dtype_bytes(dtype, 1)) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
     }
     // How many blocks a memory budget buys (at least one).
-    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size) {
-        size_t per_block = bytes_per_token(c) * static_cast<size_t>(std::max(block_size, 1));
+    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size, DType dtype = DType::F32) {
+        size_t per_block = bytes_per_token(c, dtype) * static_cast<size_t>(std::max(block_size, 1));
         return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
     }
 
@@ -2061,14 +2064,22 @@ public:
     int num_blocks() const { return num_blocks_; }
     int capacity_tokens() const { return num_blocks_ * block_size_; }
 
-    // The [Dh] key or value of one KV head at one slot; the block's next slots of the same head follow it, Dh apart.
-    float* key(int layer, int block, int kv_head, int slot) { return keys_.get() + offset(layer, block, kv_head, slot); }
-    float* value(int layer, int block, int kv_head, int slot) { return values_.get() + offset(layer, block, kv_head, slot); }
-    const float* key(int layer, int block, int kv_head, int slot) const {
+    DType dtype() const { return dtype_; }
+    // The [Dh] key or value of one KV head at one slot, in dtype(); the block's next slots of the same head follow it,
+    // Dh values apart. store_key/store_value write one from f32.
+    std::byte* key(int layer, int block, int kv_head, int slot) { return keys_.get() + offset(layer, block, kv_head, slot); }
+    std::byte* value(int layer, int block, int kv_head, int slot) { return values_.get() + offset(layer, block, kv_head, slot); }
+    const std::byte* key(int layer, int block, int kv_head, int slot) const {
         return keys_.get() + offset(layer, block, kv_head, slot);
     }
-    const float* value(int layer, int block, int kv_head, int slot) const {
+    const std::byte* value(int layer, int block, int kv_head, int slot) const {
         return values_.get() + offset(layer, block, kv_head, slot);
+    }
+    void store_key(int layer, int block, int kv_head, int slot, const float* from) {
+        store(from, key(layer, block, kv_head, slot));
+    }
+    void store_value(int layer, int block, int kv_head, int slot, const float* from) {
+        store(from, value(layer, block, kv_head, slot));
     }
 
     // The blocks of a sequence, in position order: table[i] holds positions [i·B, (i+1)·B).
@@ -2099,13 +2110,23 @@ private:
     struct BlockManager;  // section 05
 
     size_t offset(int layer, int block, int kv_head, int slot) const {
-        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) * head_dim_;
+        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) * head_dim_ *
+               value_bytes_;
+    }
+    void store(const float* from, std::byte* to) const {
+        if (dtype_ == DType::F32) return void(std::memcpy(to, from, static_cast<size_t>(head_dim_) * 4));
+        for (int d = 0; d < head_dim_; ++d) {
+            const uint16_t half = dtype_ == DType::BF16 ? f32_to_bf16(from[d]) : f32_to_f16(from[d]);
+            std::memcpy(to + 2 * d, &half, 2);
+        }
     }
 
     int layers_, block_size_, num_blocks_, kv_heads_, head_dim_;
+    DType dtype_;
+    size_t value_bytes_;  // 4 or 2
     // Head-major within a block: attention works on one KV head at a time and reads its B keys (then values) as one
     // run of B × Dh floats, instead of B pieces of Dh floats Hkv × Dh apart.
-    std::unique_ptr<float[], CacheLineDelete> keys_, values_;  // [L, num_blocks, Hkv, B, Dh]
+    std::unique_ptr<std::byte[], CacheLineDelete> keys_, values_;  // [L, num_blocks, Hkv, B, Dh]
     std::unique_ptr<BlockManager> blocks_;
 };
 
@@ -2307,33 +2328,59 @@ inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, siz
     }
 }
 
-// Asks the memory system for n floats ahead of their use (a hint: no effect on any result).
-inline void prefetch_floats(const float* data, size_t n) {
+// Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
+inline void prefetch_bytes(const std::byte* data, size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
-    for (size_t i = 0; i < n; i += 16) __builtin_prefetch(data + i);
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(data + i);
 #else
-    (void)data, (void)n;
+    (void)data, (void)bytes;
 #endif
 }
 
-// acc[d] += Σ_j weights[j] · rows[j][d] for d < n, j in order (rows row_stride floats apart): attention's weighted
-// sum of values. Each element's sum is a chain of fused multiply-adds in j order on every path.
-inline void add_weighted_rows_portable(float* acc, const float* rows, size_t row_stride, const float* weights, int count, size_t n) {
+// Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
+// cache's type, side by side), the tile kernel's sums on every path.
+template <CpuKernels path>
+inline void dot_cached_rows(DType dtype, const std::byte* rows, size_t K, size_t N, const float* x, int T, float* out,
+                            size_t count) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
+    switch (dtype) {
+        case DType::F16: return dot_rows<path, DType::F16>(rows, row_bytes, K, N, x, T, out, 0, count);
+        case DType::BF16: return dot_rows<path, DType::BF16>(rows, row_bytes, K, N, x, T, out, 0, count);
+        default: return dot_rows<path, DType::F32>(rows, row_bytes, K, N, x, T, out, 0, count);
+    }
+}
+
+// acc[d] += Σ_j weights[j] · rows[j][d] for d < n, j in order (the `count` rows of n values side by side, in the
+// cache's type): attention's weighted sum of values. Each element's sum is a chain of fused multiply-adds in j order
+// on every path.
+template <DType dtype>
+inline void add_weighted_rows_portable(float* acc, const std::byte* rows, const float* weights, int count, size_t n) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(n)));
     for (int j = 0; j < count; ++j)
-        for (size_t d = 0; d < n; ++d) acc[d] = std::fma(weights[j], rows[j * row_stride + d], acc[d]);
+        for (size_t d = 0; d < n; ++d) acc[d] = std::fma(weights[j], weight_at<dtype>(rows + j * row_bytes, d), acc[d]);
 }
 
 #ifdef INFER_X86_KERNELS
-[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const float* rows, size_t row_stride,
-                                                                     const float* weights, int count, size_t n);  // appendix F
+template <DType dtype>
+[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const std::byte* rows, const float* weights,
+                                                                     int count, size_t n);  // appendix F
 #endif
+
+template <CpuKernels path, DType dtype>
+inline void add_weighted_rows_with(float* acc, const std::byte* rows, const float* weights, int count, size_t n) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path != CpuKernels::Portable) return add_weighted_rows_avx2<dtype>(acc, rows, weights, count, n);
+#endif
+    add_weighted_rows_portable<dtype>(acc, rows, weights, count, n);
+}
 
 template <CpuKernels path>
-inline void add_weighted_rows(float* acc, const float* rows, size_t row_stride, const float* weights, int count, size_t n) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path != CpuKernels::Portable) return add_weighted_rows_avx2(acc, rows, row_stride, weights, count, n);
-#endif
-    add_weighted_rows_portable(acc, rows, row_stride, weights, count, n);
+inline void add_weighted_rows(DType dtype, float* acc, const std::byte* rows, const float* weights, int count, size_t n) {
+    switch (dtype) {
+        case DType::F16: return add_weighted_rows_with<path, DType::F16>(acc, rows, weights, count, n);
+        case DType::BF16: return add_weighted_rows_with<path, DType::BF16>(acc, rows, weights, count, n);
+        default: return add_weighted_rows_with<path, DType::F32>(acc, rows, weights, count, n);
+    }
 }
 
 // The same for a block-quantized w: each tile of rows is decoded to f32 once (appendix H), then multiplied by the float
@@ -2540,8 +2587,8 @@ public:
                     for (size_t h = 0; h < Hkv; ++h) position_heads(&k_[t * kv_width + h * Dh], w.k_norm, t);
                     for (size_t h = 0; h < Hkv; ++h) {
                         const int head = static_cast<int>(h);
-                        std::memcpy(cache.key(l, slot_block_[t], head, slot_offset_[t]), &k_[t * kv_width + h * Dh], Dh * sizeof(float));
-                        std::memcpy(cache.value(l, slot_block_[t], head, slot_offset_[t]), &v_[t * kv_width + h * Dh], Dh * sizeof(float));
+                        cache.store_key(l, slot_block_[t], head, slot_offset_[t], &k_[t * kv_width + h * Dh]);
+                        cache.store_value(l, slot_block_[t], head, slot_offset_[t], &v_[t * kv_width + h * Dh]);
                     }
                 }
             });
@@ -2713,6 +2760,7 @@ private:
             std::fill(&partial[r * (Dh + 2) + 1], &partial[(r + 1) * (Dh + 2)], 0.0f);
         }
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+        const size_t row_bytes = static_cast<size_t>(dtype_bytes(cache.dtype(), static_cast<int64_t>(Dh)));
 
         // Spans at fixed offsets (not the cache's blocks, whose size is the pool's choice), each read as the runs of
         // slots its KV blocks hold.
@@ -2722,16 +2770,15 @@ private:
             // block's run of one head is only B × Dh floats, too short for the hardware prefetchers to ramp up on.
             for (int p = span + count, next_end = std::min(item.end, p + attention_span); p < next_end;) {
                 const int slot = p % B, run = std::min(next_end - p, B - slot);
-                detail::prefetch_floats(cache.key(layer, table[p / B], item.kv_head, slot), static_cast<size_t>(run) * Dh);
-                detail::prefetch_floats(cache.value(layer, table[p / B], item.kv_head, slot), static_cast<size_t>(run) * Dh);
+                detail::prefetch_bytes(cache.key(layer, table[p / B], item.kv_head, slot), run * row_bytes);
+                detail::prefetch_bytes(cache.value(layer, table[p / B], item.kv_head, slot), run * row_bytes);
                 p += run;
             }
             for (int p = span; p < span + count;) {  // the span's keys, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(span + count - p, B - slot);
-                const float* keys = cache.key(layer, table[p / B], item.kv_head, slot);
-                detail::dot_rows<path, DType::F32>(reinterpret_cast<const std::byte*>(keys), Dh * sizeof(float), Dh,
-                                                   static_cast<size_t>(count), queries, static_cast<int>(rows), scores + (p - span),
-                                                   0, static_cast<size_t>(run));
+                detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
+                                              static_cast<size_t>(count), queries, static_cast<int>(rows), scores + (p - span),
+                                              static_cast<size_t>(run));
                 p += run;
             }
             for (size_t r = 0; r < rows; ++r) {
@@ -2754,7 +2801,7 @@ private:
                 running_max = new_max;
                 for (int p = span + from; p < span + to;) {
                     const int slot = p % B, run = std::min(span + to - p, B - slot);
-                    detail::add_weighted_rows<path>(values, cache.value(layer, table[p / B], item.kv_head, slot), Dh,
+                    detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),
                                                     s + (p - span), run, Dh);
                     p += run;
                 }
@@ -3624,16 +3671,19 @@ struct KVCache::BlockManager {
     }
 };
 
-inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size)
-    : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks),
-      kv_heads_(config.n_kv_heads), head_dim_(config.head_dim), blocks_(std::make_unique<BlockManager>()) {
+inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size, DType dtype)
+    : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks), kv_heads_(config.n_kv_heads),
+      head_dim_(config.head_dim), dtype_(dtype), value_bytes_(dtype == DType::F32 ? 4 : 2),
+      blocks_(std::make_unique<BlockManager>()) {
     if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
     if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
-    size_t floats = static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * head_dim_;
+    if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
+        fail("KV cache type must be f32, f16 or bf16, found ", dtype_name(dtype));
+    size_t bytes = static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * head_dim_ * value_bytes_;
     // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
     // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
-    keys_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), cache_line)));
-    values_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), cache_line)));
+    keys_.reset(static_cast<std::byte*>(::operator new[](bytes, cache_line)));
+    values_.reset(static_cast<std::byte*>(::operator new[](bytes, cache_line)));
     blocks_->blocks.resize(static_cast<size_t>(num_blocks_));
     for (int block = num_blocks_ - 1; block >= 0; --block) blocks_->free_blocks.push_back(block);
 }
@@ -4184,6 +4234,7 @@ struct EngineConfig {
     int block_size = 16;           // B: smaller wastes less of a sequence's last block, larger means shorter tables
     int num_blocks = 0;            // the KV pool in blocks; 0: from kv_memory_bytes
     size_t kv_memory_bytes = 0;    // 0 (and num_blocks 0): room for max_seqs full contexts, at most 1 GiB
+    DType kv_dtype = DType::F32;   // how the pool stores K and V: F32, or F16/BF16 for half the bytes (CPU only)
     bool prefix_caching = true;    // off: every prompt is prefilled in full (chapter 05 measures the difference)
     Device device = Device::Cpu;   // where the forward pass runs (section 07); the rest of the engine is the same
     CudaOptions cuda;              // with Device::Cuda
@@ -4255,7 +4306,10 @@ public:
     // must outlive it, and its own copy of the tokenizer.
     Engine(const Model& model, ThreadPool& pool, EngineConfig config = {}, const Tokenizer* tokenizer = nullptr)
         : model_(model), config_(config), forward_(model, pool, config.device, config.cuda), scheduler_(config.scheduler),
-          cache_(model.config, pool_blocks(model.config, config), config.block_size) {
+          cache_(model.config, pool_blocks(model.config, config), config.block_size, config.kv_dtype) {
+        // The GPU keeps its own f32 pool and reads only the block tables from this one, so another type would be ignored.
+        if (config.device == Device::Cuda && config.kv_dtype != DType::F32)
+            fail("KV cache type ", dtype_name(config.kv_dtype), " runs on the CPU only; the CUDA forward pass keeps K and V in f32");
         cache_.set_prefix_caching(config.prefix_caching);
         if (tokenizer) tokenizer_ = *tokenizer;
         else if (has_tokenizer(model)) tokenizer_ = tokenizer_for(model);
@@ -4453,9 +4507,10 @@ private:
         if (config.num_blocks > 0) return config.num_blocks;
         size_t bytes = config.kv_memory_bytes;
         if (bytes == 0)
-            bytes = std::min<size_t>(size_t{1} << 30, KVCache::bytes_per_token(c) * static_cast<size_t>(c.context_length) *
+            bytes = std::min<size_t>(size_t{1} << 30, KVCache::bytes_per_token(c, config.kv_dtype) *
+                                                          static_cast<size_t>(c.context_length) *
                                                           static_cast<size_t>(std::max(config.scheduler.max_seqs, 1)));
-        return KVCache::blocks_for_memory(c, bytes, config.block_size);
+        return KVCache::blocks_for_memory(c, bytes, config.block_size, config.kv_dtype);
     }
 
     Request& request_of(const Sequence* s) { return *requests_.at(s->id); }
@@ -7944,8 +7999,10 @@ template <DType dtype, int C>
 
 // Up to 64 elements of the sum at a time, in eight registers across the rows: eight independent FMA chains, and
 // each row read as one contiguous run.
-[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const float* rows, size_t row_stride,
-                                                                     const float* weights, int count, size_t n) {
+template <DType dtype>
+[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const std::byte* rows, const float* weights,
+                                                                     int count, size_t n) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(n)));
     size_t d = 0;
     for (; d + 64 <= n; d += 64) {
         __m256 sums[8];
@@ -7953,20 +8010,21 @@ template <DType dtype, int C>
         for (int s = 0; s < 8; ++s) sums[s] = _mm256_loadu_ps(acc + d + 8 * s);
         for (int j = 0; j < count; ++j) {
             const __m256 weight = _mm256_set1_ps(weights[j]);
-            const float* row = rows + j * row_stride + d;
+            const std::byte* row = rows + j * row_bytes;
 #pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) sums[s] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * s), sums[s]);
+            for (int s = 0; s < 8; ++s) sums[s] = _mm256_fmadd_ps(weight, load8_avx2<dtype>(row, d + 8 * s), sums[s]);
         }
 #pragma GCC unroll 8
         for (int s = 0; s < 8; ++s) _mm256_storeu_ps(acc + d + 8 * s, sums[s]);
     }
     for (; d + 8 <= n; d += 8) {
         __m256 sum = _mm256_loadu_ps(acc + d);
-        for (int j = 0; j < count; ++j) sum = _mm256_fmadd_ps(_mm256_set1_ps(weights[j]), _mm256_loadu_ps(rows + j * row_stride + d), sum);
+        for (int j = 0; j < count; ++j)
+            sum = _mm256_fmadd_ps(_mm256_set1_ps(weights[j]), load8_avx2<dtype>(rows + j * row_bytes, d), sum);
         _mm256_storeu_ps(acc + d, sum);
     }
     for (; d < n; ++d)
-        for (int j = 0; j < count; ++j) acc[d] = std::fma(weights[j], rows[j * row_stride + d], acc[d]);
+        for (int j = 0; j < count; ++j) acc[d] = std::fma(weights[j], weight_at<dtype>(rows + j * row_bytes, d), acc[d]);
 }
 
 #endif

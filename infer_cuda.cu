@@ -1584,6 +1584,7 @@ std::vector<float> attention(const std::vector<float>& q, const KVCache& cache, 
     const int T = static_cast<int>(batch.size()), H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.head_dim, B = cache.block_size();
     const size_t width = static_cast<size_t>(Hkv) * Dh, slots = static_cast<size_t>(cache.num_blocks()) * B;
     // The layer's host pool uploaded whole, from the CPU's head-major blocks into the GPU pool's token-major ones.
+    if (cache.dtype() != DType::F32) fail("cuda attention: the GPU pool holds f32, the cache ", dtype_name(cache.dtype()));
     std::vector<float> keys(slots * width), values(slots * width);
     for (int block = 0; block < cache.num_blocks(); ++block)
         for (int slot = 0; slot < B; ++slot)

@@ -1,6 +1,6 @@
 // 04_forward_pass — the same forward function in its two regimes: prefill (many tokens per call) and decode (one).
 //
-//   04_forward_pass [-m PATH] [--prompt-tokens N] [--decode-tokens N] [-t THREADS]
+//   04_forward_pass [-m PATH] [--prompt-tokens N] [--decode-tokens N] [-t THREADS] [--cache-type f32|f16|bf16]
 //
 // Runs one prefill of N tokens through a Batch, a KVCache and a ForwardPass, then M one-token decode steps, and sets
 // the time per token in each regime against the machine's memory bandwidth, measured in the same run with the same
@@ -27,16 +27,19 @@ struct Options {
     int prompt_tokens = 128;
     int decode_tokens = 64;
     int threads = 0;  // 0: every core
+    infer::DType cache_type = infer::DType::F32;  // how the KV cache stores keys and values
 };
 
 Options parse_options(int argc, char** argv) {
-    CommandLine line(argc, argv, 1, {"-m", "--prompt-tokens", "--decode-tokens", "-t"}, {},
-                     "usage: 04_forward_pass [-m PATH] [--prompt-tokens N] [--decode-tokens N] [-t THREADS]\n");
+    CommandLine line(argc, argv, 1, {"-m", "--prompt-tokens", "--decode-tokens", "-t", "--cache-type"}, {},
+                     "usage: 04_forward_pass [-m PATH] [--prompt-tokens N] [--decode-tokens N] [-t THREADS]"
+                     " [--cache-type f32|f16|bf16]\n");
     Options options;
     options.model_path = line.text("-m");
     options.prompt_tokens = static_cast<int>(line.integer("--prompt-tokens", options.prompt_tokens, 1, 1'000'000));
     options.decode_tokens = static_cast<int>(line.integer("--decode-tokens", options.decode_tokens, 0, 1'000'000));
     options.threads = static_cast<int>(line.integer("-t", options.threads, 0, 1024));
+    options.cache_type = cache_type(line);
     return options;
 }
 
@@ -179,7 +182,7 @@ int main(int argc, char** argv) try {
     infer::ThreadPool pool(options.threads);
     infer::ForwardPass forward(model, pool);
     // Sequence 0 is the one we time; sequence 1 holds a one-token warm-up, released before the timed runs.
-    infer::KVCache cache(c, (N + M + 15) / 16 + 1, 16);
+    infer::KVCache cache(c, (N + M + 15) / 16 + 1, 16, options.cache_type);
     infer::Batch batch;
 
     // Warm-up: the first call pays for page faults on the mapped weights and for growing the scratch buffers. Paying

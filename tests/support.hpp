@@ -128,9 +128,10 @@ inline infer::SamplingParams seeded(int max_tokens, uint64_t seed) {
 }
 
 // Logits of every position after feeding `ids` from position 0 in one prefill.
-inline std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids, int threads = 2) {
+inline std::vector<float> prefill_logits(const infer::Model& model, const std::vector<int>& ids, int threads = 2,
+                                         infer::DType cache_type = infer::DType::F32) {
     infer::ThreadPool pool(threads);
-    infer::KVCache cache(model.config, static_cast<int>(ids.size() + 15) / 16, 16);
+    infer::KVCache cache(model.config, static_cast<int>(ids.size() + 15) / 16, 16, cache_type);
     REQUIRE(cache.reserve(0, static_cast<int>(ids.size())));
     infer::Batch batch;
     for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], static_cast<int>(i), 0, true);

@@ -37,6 +37,34 @@ TEST_CASE("infer generate --temp 0 --ids reproduces every stories260K reference 
     }
 }
 
+TEST_CASE("infer generate --cache-type f16 and bf16 (llama.cpp's -ctk/-ctv) keep stories260K's greedy references") {
+    REQUIRE_SHARED_OR_SKIP();
+    auto dir = test::shared_dir() / "models/stories260K";
+    const std::string model = (dir / "stories260K.gguf").string();
+    for (const char* name : {"lily_and_ben", "once_upon_a_time"}) {
+        infer::Json reference = test::read_json(dir / "public" / (std::string(name) + ".json"));
+        const std::vector<std::string> args = {"generate", "-m", model, "-p", reference.at("prompt").as_string(), "--temp", "0",
+                                               "-n", "200", "--ids"};
+        for (std::vector<std::string> cache : {std::vector<std::string>{"--cache-type", "f16"},
+                                               std::vector<std::string>{"-ctk", "bf16", "-ctv", "BF16"}}) {
+            std::vector<std::string> with_cache = args;
+            with_cache.insert(with_cache.end(), cache.begin(), cache.end());
+            test::ProgramRun run = test::run_infer(with_cache);
+            CAPTURE(name);
+            CAPTURE(cache[1]);
+            CAPTURE(run.err);
+            CHECK(run.exit_code == 0);
+            CHECK(run.out == ids_json(reference));
+        }
+    }
+    test::ProgramRun run = test::run_infer({"generate", "-m", model, "-p", "x", "-ctk", "f16", "-ctv", "f32"});
+    CHECK(run.exit_code != 0);
+    CHECK(run.out.empty());
+    CHECK(run.err == "error: options --cache-type-k f16 and --cache-type-v f32 differ: the KV cache keeps keys and values in one type\n");
+    run = test::run_infer({"generate", "-m", model, "-p", "x", "--cache-type", "q8"});
+    CHECK(run.err == "error: option --cache-type: \"q8\" is not f32, f16 or bf16\n");
+}
+
 TEST_CASE("infer generate streams the text and reports tokens/s and the time of each layer") {
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";

@@ -151,7 +151,7 @@ std::vector<float> cpu_attention(const std::vector<float>& q, const infer::KVCac
             std::vector<double> scores;
             double best = -1e300;
             for (int p = first; p <= position; ++p) {
-                const float* key = cache.key(layer, table[p / B], kv_head, p % B);
+                const float* key = reinterpret_cast<const float*>(cache.key(layer, table[p / B], kv_head, p % B));
                 double dot = 0;
                 for (int i = 0; i < Dh; ++i) dot += double(qh[i]) * key[i];
                 scores.push_back(dot / std::sqrt(double(Dh)));
@@ -162,7 +162,8 @@ std::vector<float> cpu_attention(const std::vector<float>& q, const infer::KVCac
             for (int i = 0; i < Dh; ++i) {
                 double sum = 0;
                 for (int p = first; p <= position; ++p)
-                    sum += scores[p - first] / total * cache.value(layer, table[p / B], kv_head, p % B)[i];
+                    sum += scores[p - first] / total *
+                           reinterpret_cast<const float*>(cache.value(layer, table[p / B], kv_head, p % B))[i];
                 out[(t * H + h) * Dh + i] = static_cast<float>(sum);
             }
         }

@@ -94,6 +94,58 @@ TEST_CASE("every kernel path the CPU runs gives the same logits, bit for bit, on
             infer::cpu_supports(infer::CpuKernels::Avx512) ? ", avx512" : "");
 }
 
+TEST_CASE("a KV cache in f16 or bf16: logits near the f32 cache's, the same on every kernel path, decode equal to prefill") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::vector<int> ids = {1, 5, 70, 300, 42, 11, 7, 9, 100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 40, 41, 42};
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    for (const char* path : {"fixtures/arch/llama", "fixtures/arch/qwen3", "models/stories260K/stories260K.gguf"}) {
+        infer::Model model = infer::load_model(test::shared_dir() / path);
+        const std::vector<float> f32 = prefill_logits(model, ids);
+        for (auto [type, bound] : {std::pair{infer::DType::F16, 2e-3}, std::pair{infer::DType::BF16, 1.6e-2}}) {
+            const std::string where = std::string(path) + ", " + infer::dtype_name(type) + " cache";
+            CAPTURE(where);
+            std::vector<float> first;
+            for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+                if (!infer::cpu_supports(kernels)) continue;
+                CAPTURE(infer::cpu_kernels_name(kernels));
+                infer::use_cpu_kernels(kernels);
+                std::vector<float> logits = prefill_logits(model, ids, 2, type);
+                if (first.empty()) first = logits;
+                CHECK(logits == first);  // bit for bit across paths
+            }
+            infer::use_cpu_kernels(chosen);
+            // Rounded keys and values move the logits by a small fraction of their scale: relative rounding of 2⁻¹¹
+            // (f16) or 2⁻⁸ (bf16) per stored value, averaged through the softmax and the layers above.
+            const Comparison near = compare(first, f32, model.config.vocab_size);
+            double scale = 0;
+            for (float logit : f32) scale = std::max(scale, double(std::fabs(logit)));
+            CHECK(near.max_abs_diff > 0);  // the cache really holds 16-bit values
+            CHECK(near.max_abs_diff < bound * scale);
+
+            // The last eight tokens decoded one at a time read the same rounded cache as one prefill does.
+            infer::ThreadPool pool(2);
+            infer::KVCache cache(model.config, 4, 8, type);
+            REQUIRE(cache.reserve(0, static_cast<int>(ids.size())));
+            infer::ForwardPass forward(model, pool);
+            infer::Batch batch;
+            const size_t prompt = ids.size() - 8;
+            for (size_t i = 0; i < prompt; ++i) batch.add(ids[i], static_cast<int>(i), 0, false);
+            forward.forward(batch, cache);
+            for (size_t i = prompt; i < ids.size(); ++i) {
+                batch.clear();
+                batch.add(ids[i], static_cast<int>(i), 0, true);
+                std::span<const float> logits = forward.forward(batch, cache);
+                const size_t V = static_cast<size_t>(model.config.vocab_size);
+                CHECK(std::equal(logits.begin(), logits.end(), first.begin() + static_cast<std::ptrdiff_t>(i * V)));
+            }
+        }
+    }
+    infer::Model model = infer::load_model(test::shared_dir() / "fixtures/arch/llama");
+    CHECK(infer::KVCache::bytes_per_token(model.config, infer::DType::F16) * 2 == infer::KVCache::bytes_per_token(model.config));
+    CHECK(test::error_of([&] { infer::KVCache cache(model.config, 1, 16, infer::DType::Q8_0); }) ==
+          "KV cache type must be f32, f16 or bf16, found Q8_0");
+}
+
 TEST_CASE("stories260K: logits at 64 positions, prompt as one prefill then one-token decodes") {
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";

@@ -5,6 +5,7 @@
 #include "infer.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -70,7 +71,8 @@ public:
         static const std::map<std::string, std::string> aliases = {
             {"--model", "-m"},          {"--prompt", "-p"},       {"--threads", "-t"},       {"--n-predict", "-n"},
             {"-s", "--seed"},           {"--file", "-f"},         {"--repeat-penalty", "--repetition-penalty"},
-            {"--temperature", "--temp"}, {"-sys", "--system"},    {"--ctx-size", "-c"}};
+            {"--temperature", "--temp"}, {"-sys", "--system"},    {"--ctx-size", "-c"},
+            {"-ctk", "--cache-type-k"},  {"-ctv", "--cache-type-v"}};
         auto found = aliases.find(name);
         if (found == aliases.end()) return name;
         const std::string& target = found->second;
@@ -154,6 +156,27 @@ inline infer::SpecConfig spec_config(const CommandLine& options) {
 // The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
 // --kv-memory, --no-prefix-cache, --device and the --spec options (a program that does not list an option simply gets
 // its default).
+// --cache-type f32|f16|bf16: how the KV cache stores keys and values. llama.cpp's --cache-type-k/-ctk and
+// --cache-type-v/-ctv are taken too, where they name the same type (infer keeps K and V in one type).
+inline infer::DType cache_type(const CommandLine& options) {
+    std::string chosen, chosen_by;
+    for (const char* option : {"--cache-type", "--cache-type-k", "--cache-type-v"}) {
+        if (!options.has(option)) continue;
+        std::string name = options.text(option);
+        std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+        if (name != "f32" && name != "f16" && name != "bf16")
+            infer::fail("option ", option, ": \"", options.text(option), "\" is not f32, f16 or bf16");
+        if (!chosen.empty() && name != chosen)
+            infer::fail("options ", chosen_by, " ", chosen, " and ", option, " ", name,
+                        " differ: the KV cache keeps keys and values in one type");
+        chosen = name;
+        chosen_by = option;
+    }
+    if (chosen == "f16") return infer::DType::F16;
+    if (chosen == "bf16") return infer::DType::BF16;
+    return infer::DType::F32;
+}
+
 inline infer::EngineConfig engine_config(const CommandLine& options) {
     infer::EngineConfig config;
     const std::string policy = options.text("--policy", "continuous");
@@ -164,6 +187,7 @@ inline infer::EngineConfig engine_config(const CommandLine& options) {
     config.block_size = static_cast<int>(options.integer("--block-size", 16, 1, 4096));
     config.num_blocks = static_cast<int>(options.integer("--kv-blocks", 0, 1, std::numeric_limits<int>::max()));
     config.kv_memory_bytes = static_cast<size_t>(options.integer("--kv-memory", 0, 1, std::numeric_limits<long long>::max()));
+    config.kv_dtype = cache_type(options);
     config.prefix_caching = !options.has("--no-prefix-cache");
     config.device = infer::parse_device(options.text("--device", "cpu"));
     config.spec = spec_config(options);

@@ -52,6 +52,7 @@ const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
                  [-t THREADS] [-c CONTEXT] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
+                 [--cache-type f32|f16|bf16]
                  [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
@@ -63,7 +64,7 @@ const char* usage_text = R"(usage:
   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--device cpu|cuda] [--no-mmap]
-                  [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
+                  [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N] [--cache-type f32|f16|bf16]
   infer serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--instances N] [--route round-robin|least-loaded|prefix]
               [--max-queue N] [--api-key KEY] [--served-model-name NAME] [engine options as run-batch]
                                                 OpenAI-compatible HTTP server (infer serve --help for all options)
@@ -172,7 +173,7 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     return params;
 }
 
-// generate --device cuda or --spec: the same request through an Engine, whose forward pass runs on the chosen device
+// generate --device cuda, --spec or a 16-bit --cache-type: the same request through an Engine, whose forward pass runs on the chosen device
 // and which verifies drafted tokens (generate_from_ids holds a CPU ForwardPass and decodes one token per step). Times:
 // prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
 infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
@@ -181,6 +182,7 @@ infer::GenerationResult generate_with_engine(const infer::Model& model, infer::T
     infer::EngineConfig config;
     config.device = device;
     config.spec = spec;
+    config.kv_dtype = cache_type(options);
     config.scheduler.max_seqs = 1;
     config.num_blocks = (model.config.context_length + config.block_size - 1) / config.block_size;
     infer::Engine engine(model, pool, config);
@@ -239,7 +241,7 @@ int run_generate(const CommandLine& options) {
     infer::RequestResult engine_result;  // the engine's record, when the engine ran the request
     const infer::Device device = infer::parse_device(options.text("--device", "cpu"));
     const infer::SpecConfig spec = spec_config(options);
-    if (device == infer::Device::Cuda || spec.enabled()) {
+    if (device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32) {
         result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result);
     } else if (options.has("--prompt-ids")) {
         result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream);
@@ -720,7 +722,7 @@ int run_command(int argc, char** argv) {
                                         {"-m", "-p", "-f", "-n", "-c", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "-t",
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids", "--device", "--spec", "--draft-model", "--spec-k",
-                                         "--spec-ngram"},
+                                         "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"},
                                         {"--ignore-eos", "--ids", "--no-mmap"}, usage_text));
         if (command == "tokenize")
             return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
@@ -740,7 +742,8 @@ int run_command(int argc, char** argv) {
             return run_batch(CommandLine(argc, argv, 2,
                                          {"-m", "-i", "-o", "--policy", "--max-batch-tokens", "--max-seqs", "--kv-memory",
                                           "--kv-blocks", "--block-size", "--trace", "-t", "--tokenizer", "--chat-template",
-                                          "--device", "-c", "--spec", "--draft-model", "--spec-k", "--spec-ngram"},
+                                          "--device", "-c", "--spec", "--draft-model", "--spec-k", "--spec-ngram",
+                                          "--cache-type", "--cache-type-k", "--cache-type-v"},
                                          {"--no-prefix-cache", "--no-mmap"}, usage_text));
         if (command == "serve" || command == "route") {
 #ifdef INFER_SERVE

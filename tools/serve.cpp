@@ -26,6 +26,7 @@ const char* serve_usage = R"(usage:
               [--chat-template FILE_OR_NAME] [--tokenizer FILE] [-t THREADS] [--http-threads N] [--backlog N]
               [--max-batch-tokens N] [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B]
               [--no-prefix-cache] [--no-mmap] [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
+              [--cache-type f32|f16|bf16]
 
   OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/ID;
   POST /tokenize and /detokenize (vLLM's shapes); GET /health (200 ready, 503 loading or draining), GET /metrics
@@ -715,7 +716,7 @@ int run_serve(int argc, char** argv) {
                         {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",
                          "--served-model-name", "--max-body", "--chat-template", "--tokenizer", "-t", "--http-threads", "--backlog",
                          "--max-batch-tokens", "--max-seqs", "--kv-memory", "--kv-blocks", "--block-size", "-c", "--spec",
-                         "--draft-model", "--spec-k", "--spec-ngram"},
+                         "--draft-model", "--spec-k", "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"},
                         {"--no-prefix-cache", "--no-mmap"}, serve::serve_usage);
     serve::Server server(options);
     return server.run();
