@@ -82,8 +82,8 @@
 //
 // Limitations (this version): the header's own kernels are CPU ones (the GPU's live in infer_cuda.cu); weights in
 // F32, F16, BF16 or GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K-Q6_K blocks (all through integer kernels on 8-bit
-// activations; IQ* and TQ* types are refused by name); `infer quantize` writes them all; the tokenizer reads BPE
-// tokenizers only
+// activations; IQ* and TQ* types are refused by name); `infer quantize` writes them all; the KV cache in F32, F16 or
+// BF16 (the GPU's in F32); the tokenizer reads BPE tokenizers only
 // (tokenizer.json BPE with the components Llama, Mistral, Qwen and GPT-2 use, GGUF "llama"/"gpt2"): WordPiece,
 // Unigram and other components are refused by name.
 //
