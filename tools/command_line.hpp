@@ -54,7 +54,7 @@ public:
                 std::exit(0);
             }
             if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
-                values_[name] = "1";
+                values_.insert_or_assign(name, std::string("1"));
             } else if (std::find(with_value.begin(), with_value.end(), name) != with_value.end()) {
                 if (i + 1 >= argc) infer::fail("option ", name, " needs a value");
                 values_[name] = argv[++i];
