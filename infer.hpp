@@ -2037,10 +2037,11 @@ struct Batch {
 // Attention at position p needs the keys and values of every earlier position. Recomputing them each step would make
 // decode cost the whole prefix again; keeping them costs memory instead: 2 × L × Hkv × Dh × 4 bytes per token in f32,
 // half that in f16 or bf16 (the choice of KVCache's dtype: at long contexts decode reads more cache than weights, so
-// the 16-bit types trade 2⁻¹¹ or 2⁻⁸ of relative rounding per stored value for half the bytes). The storage is one pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which
-// positions (position p: block table[p / B], slot p % B), so a sequence grows without copying and without reserving
-// its maximum length up front. The forward pass only reads tables and writes slots. Who gets which block, and how two
-// requests with the same prompt prefix share blocks, is the block manager's job: section 05.
+// the 16-bit types trade 2⁻¹¹ or 2⁻⁸ of relative rounding per stored value for half the bytes). The storage is one
+// pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which positions (position
+// p: block table[p / B], slot p % B), so a sequence grows without copying and without reserving its maximum length up
+// front. The forward pass only reads tables and writes slots. Who gets which block, and how two requests with the same
+// prompt prefix share blocks, is the block manager's job: section 05.
 
 class KVCache {
 public:
@@ -2110,8 +2111,8 @@ private:
     struct BlockManager;  // section 05
 
     size_t offset(int layer, int block, int kv_head, int slot) const {
-        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) * head_dim_ *
-               value_bytes_;
+        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) *
+               dtype_bytes(dtype_, head_dim_);
     }
     void store(const float* from, std::byte* to) const {
         if (dtype_ == DType::F32) return void(std::memcpy(to, from, static_cast<size_t>(head_dim_) * 4));
@@ -2123,9 +2124,8 @@ private:
 
     int layers_, block_size_, num_blocks_, kv_heads_, head_dim_;
     DType dtype_;
-    size_t value_bytes_;  // 4 or 2
     // Head-major within a block: attention works on one KV head at a time and reads its B keys (then values) as one
-    // run of B × Dh floats, instead of B pieces of Dh floats Hkv × Dh apart.
+    // run of B × Dh values, instead of B pieces of Dh values Hkv × Dh apart.
     std::unique_ptr<std::byte[], CacheLineDelete> keys_, values_;  // [L, num_blocks, Hkv, B, Dh]
     std::unique_ptr<BlockManager> blocks_;
 };
@@ -2767,7 +2767,7 @@ private:
         for (int span = item.first; span < item.end;) {
             const int count = std::min(item.end, (span / attention_span + 1) * attention_span) - span;
             // The next span's keys and values are requested now, so they arrive while this one is worked on: a
-            // block's run of one head is only B × Dh floats, too short for the hardware prefetchers to ramp up on.
+            // block's run of one head is only B × Dh values, too short for the hardware prefetchers to ramp up on.
             for (int p = span + count, next_end = std::min(item.end, p + attention_span); p < next_end;) {
                 const int slot = p % B, run = std::min(next_end - p, B - slot);
                 detail::prefetch_bytes(cache.key(layer, table[p / B], item.kv_head, slot), run * row_bytes);
@@ -3673,13 +3673,12 @@ struct KVCache::BlockManager {
 
 inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size, DType dtype)
     : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks), kv_heads_(config.n_kv_heads),
-      head_dim_(config.head_dim), dtype_(dtype), value_bytes_(dtype == DType::F32 ? 4 : 2),
-      blocks_(std::make_unique<BlockManager>()) {
+      head_dim_(config.head_dim), dtype_(dtype), blocks_(std::make_unique<BlockManager>()) {
     if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
     if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
     if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
         fail("KV cache type must be f32, f16 or bf16, found ", dtype_name(dtype));
-    size_t bytes = static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * head_dim_ * value_bytes_;
+    size_t bytes = static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * dtype_bytes(dtype, head_dim_);
     // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
     // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool).
     keys_.reset(static_cast<std::byte*>(::operator new[](bytes, cache_line)));
