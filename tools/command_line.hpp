@@ -153,30 +153,36 @@ inline infer::SpecConfig spec_config(const CommandLine& options) {
     return spec;
 }
 
-// The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
-// --kv-memory, --no-prefix-cache, --device and the --spec options (a program that does not list an option simply gets
-// its default).
+// A float type named by an option's value, any case: f32, f16 or bf16 (make-model's --dtype, --cache-type).
+inline infer::DType float_type(const std::string& option, const std::string& text) {
+    std::string name = text;
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (name == "f32") return infer::DType::F32;
+    if (name == "f16") return infer::DType::F16;
+    if (name == "bf16") return infer::DType::BF16;
+    infer::fail("option ", option, ": \"", text, "\" is not f32, f16 or bf16");
+}
+
 // --cache-type f32|f16|bf16: how the KV cache stores keys and values. llama.cpp's --cache-type-k/-ctk and
 // --cache-type-v/-ctv are taken too, where they name the same type (infer keeps K and V in one type).
 inline infer::DType cache_type(const CommandLine& options) {
-    std::string chosen, chosen_by;
+    infer::DType chosen = infer::DType::F32;
+    std::string chosen_by;
     for (const char* option : {"--cache-type", "--cache-type-k", "--cache-type-v"}) {
         if (!options.has(option)) continue;
-        std::string name = options.text(option);
-        std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
-        if (name != "f32" && name != "f16" && name != "bf16")
-            infer::fail("option ", option, ": \"", options.text(option), "\" is not f32, f16 or bf16");
-        if (!chosen.empty() && name != chosen)
-            infer::fail("options ", chosen_by, " ", chosen, " and ", option, " ", name,
+        const infer::DType type = float_type(option, options.text(option));
+        if (!chosen_by.empty() && type != chosen)
+            infer::fail("options ", chosen_by, " ", options.text(chosen_by), " and ", option, " ", options.text(option),
                         " differ: the KV cache keeps keys and values in one type");
-        chosen = name;
+        chosen = type;
         chosen_by = option;
     }
-    if (chosen == "f16") return infer::DType::F16;
-    if (chosen == "bf16") return infer::DType::BF16;
-    return infer::DType::F32;
+    return chosen;
 }
 
+// The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
+// --kv-memory, --cache-type, --no-prefix-cache, --device and the --spec options (a program that does not list an
+// option simply gets its default).
 inline infer::EngineConfig engine_config(const CommandLine& options) {
     infer::EngineConfig config;
     const std::string policy = options.text("--policy", "continuous");

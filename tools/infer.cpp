@@ -173,9 +173,9 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     return params;
 }
 
-// generate --device cuda, --spec or a 16-bit --cache-type: the same request through an Engine, whose forward pass runs on the chosen device
-// and which verifies drafted tokens (generate_from_ids holds a CPU ForwardPass and decodes one token per step). Times:
-// prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
+// generate --device cuda, --spec or a 16-bit --cache-type: the same request through an Engine, whose forward pass runs
+// on the chosen device, which verifies drafted tokens and whose KV pool has the asked type (generate_from_ids holds a
+// CPU ForwardPass with an f32 cache and decodes one token per step). Times: prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
 infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
                                              const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
                                              infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out) {
@@ -658,11 +658,7 @@ int run_make_model(const CommandLine& options) {
     shape.context_length = dimension("--context", shape.context_length);
     shape.tied_embeddings = options.has("--tied");
     std::string dtype_text = options.text("--dtype", "f32");
-    infer::DType dtype;
-    if (dtype_text == "f32") dtype = infer::DType::F32;
-    else if (dtype_text == "bf16") dtype = infer::DType::BF16;
-    else if (dtype_text == "f16") dtype = infer::DType::F16;
-    else infer::fail("option --dtype: \"", dtype_text, "\" is not one of f32, bf16, f16");
+    const infer::DType dtype = float_type("--dtype", dtype_text);
     const std::filesystem::path out = options.text("-o");
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0));
     if (out.extension() == ".gguf") infer::save_random_model_gguf(out, shape, dtype, seed);  // one file, for infer quantize
