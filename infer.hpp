@@ -2067,7 +2067,7 @@ public:
 
     DType dtype() const { return dtype_; }
     // The [Dh] key or value of one KV head at one slot, in dtype(); the block's next slots of the same head follow it,
-    // Dh values apart. store_key/store_value write one from f32.
+    // Dh values apart, and then block + 1's. store_key/store_value write one from f32.
     std::byte* key(int layer, int block, int kv_head, int slot) { return keys_.get() + offset(layer, block, kv_head, slot); }
     std::byte* value(int layer, int block, int kv_head, int slot) { return values_.get() + offset(layer, block, kv_head, slot); }
     const std::byte* key(int layer, int block, int kv_head, int slot) const {
@@ -2111,7 +2111,7 @@ private:
     struct BlockManager;  // section 05
 
     size_t offset(int layer, int block, int kv_head, int slot) const {
-        return (((static_cast<size_t>(layer) * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + slot) *
+        return (((static_cast<size_t>(layer) * kv_heads_ + kv_head) * num_blocks_ + block) * block_size_ + slot) *
                dtype_bytes(dtype_, head_dim_);
     }
     void store(const float* from, std::byte* to) const {
@@ -2124,9 +2124,10 @@ private:
 
     int layers_, block_size_, num_blocks_, kv_heads_, head_dim_;
     DType dtype_;
-    // Head-major within a block: attention works on one KV head at a time and reads its B keys (then values) as one
-    // run of B × Dh values, instead of B pieces of Dh values Hkv × Dh apart.
-    std::unique_ptr<std::byte[], CacheLineDelete> keys_, values_;  // [L, num_blocks, Hkv, B, Dh]
+    // Head-major: attention works on one KV head at a time, and a head's blocks lie one after another, so the blocks
+    // of a sequence that the pool handed out in order (a prompt's are) read as one run of keys, then one of values,
+    // which the hardware prefetchers follow as they do the weights; scattered blocks cost a new run per block.
+    std::unique_ptr<std::byte[], CacheLineDelete> keys_, values_;  // [L, Hkv, num_blocks, B, Dh]
     std::unique_ptr<BlockManager> blocks_;
 };
 
@@ -2328,13 +2329,40 @@ inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, siz
     }
 }
 
-// Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
-inline void prefetch_bytes(const std::byte* data, size_t bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(data + i);
-#else
-    (void)data, (void)bytes;
+// e^x for attention's softmax weights, where x = a score − its chunk's maximum ≤ 0. Range reduction x = n·ln 2 + r with
+// |r| ≤ ln 2 / 2 (ln 2 in two parts, so n·ln 2 loses nothing), e^r by its Taylor polynomial to degree 7 in fused
+// multiply-adds (truncation below 1e-8), and 2ⁿ added to the exponent bits: within one ulp of e^x. Below −86 it
+// returns 0 (e^−86 ≈ 4e−38, nothing a sum of weights near 1 can see) so 2ⁿ stays a normal number. Written in plain
+// float operations because the SIMD twin (appendix F) must give the same bits, which std::exp does not promise.
+namespace softmax_exp_constants {
+constexpr float round_shift = 12582912.0f;  // 1.5 · 2²³: adding it rounds to an integer, kept in the low bits
+constexpr uint32_t round_shift_bits = 0x4B400000;
+constexpr float log2_e = 1.44269504f, ln2_high = 0.693359375f, ln2_low = -2.12194440e-4f, cutoff = -86.0f;
+constexpr float taylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 1.0f / 2, 1.0f, 1.0f};  // 1/7! … 1/0!
+}  // namespace softmax_exp_constants
+
+inline float softmax_exp(float x) {
+    using namespace softmax_exp_constants;
+    const float shifted = std::fma(x, log2_e, round_shift);  // round_shift + n, n = round(x / ln 2)
+    const float n = shifted - round_shift;
+    const float r = std::fma(n, -ln2_low, std::fma(n, -ln2_high, x));
+    float p = taylor[0];
+    for (int i = 1; i < 8; ++i) p = std::fma(p, r, taylor[i]);
+    const uint32_t exponent_step = (std::bit_cast<uint32_t>(shifted) - round_shift_bits) << 23;  // n, two's complement
+    return x < cutoff ? 0.0f : std::bit_cast<float>(std::bit_cast<uint32_t>(p) + exponent_step);
+}
+
+#ifdef INFER_X86_KERNELS
+[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
 #endif
+
+// s[j] = softmax_exp(s[j] − max) for j < count: a chunk's weights for one query (eight at a time in the SIMD paths).
+template <CpuKernels path>
+inline void softmax_exp_rows(float* s, int count, float max) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path != CpuKernels::Portable) return softmax_exp_rows_avx2(s, count, max);
+#endif
+    for (int j = 0; j < count; ++j) s[j] = softmax_exp(s[j] - max);
 }
 
 // Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
@@ -2664,16 +2692,18 @@ private:
     // Each token's query heads look at its sequence's cached keys and values. The work is cut into items: a tile of up
     // to attention_queries consecutive tokens of one sequence (a prompt's; a decoding sequence has one), one KV head
     // with the H / Hkv query heads that share it (GQA), and one chunk of attention_chunk positions, so a long context
-    // is spread over the threads too. An item walks its chunk in spans of attention_span positions with an online
-    // softmax per query head: the span's scores (q·k / sqrt(Dh), by the matmul's tile kernel, the cached keys as rows
-    // and the tile's query heads as its tokens: each key loaded serves all of them), then the running maximum m, the
-    // running sum l of exp(s − m) and the running weighted sum of values, rescaled whenever m grows. Each query takes
-    // only the positions it may see (causal, and Mistral's window). Chunks of one token then merge in order. Span and
-    // chunk edges are fixed positions and each score is the tile kernel's fixed sum, so every result is the same bits
-    // whatever the batch, the tiling, the cache's block size or the thread count. Cost per token and head: 2·Dh
-    // multiply-adds per visible position; at long contexts these bytes outweigh the weights' (chapter 07).
+    // is spread over the threads too. An item scores its whole chunk first (q·k / sqrt(Dh), by the matmul's tile
+    // kernel, the cached keys as rows and the tile's query heads as its tokens: each key loaded serves all of them),
+    // then per query head takes the chunk's maximum m, the weights exp(s − m), their sum l and the weighted sum of
+    // values. The chunks of one token then merge as an online softmax does (flash decoding): each chunk's sum and
+    // values weighed by exp(its m − the largest m). Two passes over a chunk, keys then values, make each a run of
+    // 512 × Dh values that the hardware prefetchers stream from memory, as they do the weights (walking keys and
+    // values together in short steps left decode at 4k positions waiting on its loads: chapter 07). Each query takes
+    // only the positions it may see (causal, and Mistral's window). Chunk edges are fixed positions and each score is
+    // the tile kernel's fixed sum, so every result is the same bits whatever the batch, the tiling, the cache's block
+    // size or the thread count. Cost per token and head: 2·Dh multiply-adds per visible position; at long contexts
+    // these bytes outweigh the weights' (chapter 07).
     static constexpr int attention_chunk = 512;   // positions per item
-    static constexpr int attention_span = 16;     // positions per step of the online softmax
     static constexpr int attention_queries = 8;   // tokens per query tile
 
     struct QueryTile {
@@ -2681,7 +2711,7 @@ private:
     };
     struct AttentionItem {
         int tile, kv_head, first, end;  // positions [first, end) of one chunk that some query of the tile sees
-        size_t partial;                 // its per-query running max, sum and values in partial_
+        size_t partial;                 // its per-query max, sum and values in partial_
         bool whole;                     // the tile's only chunk: it writes the outputs itself
     };
 
@@ -2727,7 +2757,7 @@ private:
         merge_ranges_.push_back(attention_items_.size());
         if (partial_.size() < partial_floats) partial_.resize(partial_floats);
         const size_t rows = static_cast<size_t>(attention_queries) * group, threads = static_cast<size_t>(pool_.size());
-        if (scores_.size() < threads * rows * attention_span) scores_.resize(threads * rows * attention_span);
+        if (scores_.size() < threads * rows * attention_chunk) scores_.resize(threads * rows * attention_chunk);
         if (queries_.size() < threads * rows * Dh) queries_.resize(threads * rows * Dh);
         return work;
     }
@@ -2749,64 +2779,49 @@ private:
         const size_t rows = static_cast<size_t>(tile.tokens) * group;  // query row r: token r / group, head r % group
         const std::vector<int>& table = cache.block_table(batch.sequences[tile.first_token]);
         const int B = cache.block_size();
-        // The tile's query heads side by side, [rows, Dh], as the tile kernel takes its tokens.
-        float* queries = &queries_[static_cast<size_t>(thread) * attention_queries * group * Dh];
-        for (int j = 0; j < tile.tokens; ++j)
-            std::memcpy(&queries[j * group * Dh], &q_[(tile.first_token + j) * q_width + item.kv_head * group * Dh], group * Dh * sizeof(float));
-        float* scores = &scores_[static_cast<size_t>(thread) * attention_queries * group * attention_span];  // [rows, span]
-        float* partial = &partial_[item.partial];  // per row: running max, running sum, values [Dh]
-        for (size_t r = 0; r < rows; ++r) {
-            partial[r * (Dh + 2)] = -std::numeric_limits<float>::infinity();
-            std::fill(&partial[r * (Dh + 2) + 1], &partial[(r + 1) * (Dh + 2)], 0.0f);
-        }
+        // The tile's query heads side by side, [rows, Dh], as the tile kernel takes its tokens, times 1/sqrt(Dh): the
+        // scores come out scaled.
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-        const size_t row_bytes = static_cast<size_t>(dtype_bytes(cache.dtype(), static_cast<int64_t>(Dh)));
+        float* queries = &queries_[static_cast<size_t>(thread) * attention_queries * group * Dh];
+        for (int j = 0; j < tile.tokens; ++j) {
+            const float* q = &q_[(tile.first_token + j) * q_width + item.kv_head * group * Dh];
+            for (size_t i = 0; i < group * Dh; ++i) queries[j * group * Dh + i] = q[i] * scale;
+        }
+        float* scores = &scores_[static_cast<size_t>(thread) * attention_queries * group * attention_chunk];  // [rows, n]
+        float* partial = &partial_[item.partial];  // per row: max, sum, values [Dh]
+        const int n = item.end - item.first;
 
-        // Spans at fixed offsets (not the cache's blocks, whose size is the pool's choice), each read as the runs of
-        // slots its KV blocks hold.
-        for (int span = item.first; span < item.end;) {
-            const int count = std::min(item.end, (span / attention_span + 1) * attention_span) - span;
-            // The next span's keys and values are requested now, so they arrive while this one is worked on: a
-            // block's run of one head is only B × Dh values, too short for the hardware prefetchers to ramp up on.
-            for (int p = span + count, next_end = std::min(item.end, p + attention_span); p < next_end;) {
-                const int slot = p % B, run = std::min(next_end - p, B - slot);
-                detail::prefetch_bytes(cache.key(layer, table[p / B], item.kv_head, slot), run * row_bytes);
-                detail::prefetch_bytes(cache.value(layer, table[p / B], item.kv_head, slot), run * row_bytes);
+        // The chunk's keys, one KV block's run of slots at a time.
+        for (int p = item.first; p < item.end;) {
+            const int slot = p % B, run = std::min(item.end - p, B - slot);
+            detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
+                                          static_cast<size_t>(n), queries, static_cast<int>(rows), scores + (p - item.first),
+                                          static_cast<size_t>(run));
+            p += run;
+        }
+        for (size_t r = 0; r < rows; ++r) {
+            const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
+            const int from = std::max(item.first, first_visible(position)), to = std::min(item.end, position + 1);
+            float& max = partial[r * (Dh + 2)];
+            float& sum = partial[r * (Dh + 2) + 1];
+            float* values = &partial[r * (Dh + 2) + 2];
+            max = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+            std::fill(values, values + Dh, 0.0f);
+            if (from >= to) continue;  // nothing this query may see in the chunk: a weight of zero in the merge
+            float* weights = scores + r * n;  // [j]: position item.first + j's score, then its weight
+            const int first = from - item.first, last = to - item.first;
+            float chunk_max = max;  // locals: weights may alias partial_ for all the compiler knows
+            for (int j = first; j < last; ++j) chunk_max = std::max(chunk_max, weights[j]);
+            detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
+            float chunk_sum = 0.0f;
+            for (int j = first; j < last; ++j) chunk_sum += weights[j];
+            max = chunk_max, sum = chunk_sum;
+            for (int p = from; p < to;) {  // the chunk's values, one KV block's run of slots at a time
+                const int slot = p % B, run = std::min(to - p, B - slot);
+                detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),
+                                                weights + (p - item.first), run, Dh);
                 p += run;
             }
-            for (int p = span; p < span + count;) {  // the span's keys, one KV block's run of slots at a time
-                const int slot = p % B, run = std::min(span + count - p, B - slot);
-                detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
-                                              static_cast<size_t>(count), queries, static_cast<int>(rows), scores + (p - span),
-                                              static_cast<size_t>(run));
-                p += run;
-            }
-            for (size_t r = 0; r < rows; ++r) {
-                const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
-                const int from = std::max(span, first_visible(position)) - span, to = std::min(span + count, position + 1) - span;
-                if (from >= to) continue;  // nothing this query may see in the span
-                float* s = scores + r * count;
-                float& running_max = partial[r * (Dh + 2)];
-                float& running_sum = partial[r * (Dh + 2) + 1];
-                float* values = &partial[r * (Dh + 2) + 2];
-                float span_max = -std::numeric_limits<float>::infinity();
-                for (int j = from; j < to; ++j) span_max = std::max(span_max, s[j] *= scale);
-                const float new_max = std::max(running_max, span_max);
-                const float rescale = std::exp(running_max - new_max);  // 0 on the first span, 1 if m did not grow
-                if (rescale != 1.0f) {
-                    running_sum *= rescale;
-                    for (size_t d = 0; d < Dh; ++d) values[d] *= rescale;
-                }
-                for (int j = from; j < to; ++j) running_sum += s[j] = std::exp(s[j] - new_max);
-                running_max = new_max;
-                for (int p = span + from; p < span + to;) {
-                    const int slot = p % B, run = std::min(span + to - p, B - slot);
-                    detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),
-                                                    s + (p - span), run, Dh);
-                    p += run;
-                }
-            }
-            span += count;
         }
         if (item.whole)
             for (size_t r = 0; r < rows; ++r) {
@@ -2849,8 +2864,8 @@ private:
     std::vector<QueryTile> query_tiles_;          // this batch's tokens, in tiles of one sequence's consecutive ones
     std::vector<AttentionItem> attention_items_;  // this batch's attention work: (query tile, KV head, chunk)
     std::vector<size_t> merge_ranges_;            // [tiles · Hkv + 1] where each tile and KV head's items begin
-    AlignedVector<float> partial_;                // [items, queries · group, Dh + 2] running max, sum and values
-    AlignedVector<float> scores_;                 // [threads, queries · group, attention_span] one span's scores
+    AlignedVector<float> partial_;                // [items, queries · group, Dh + 2] each chunk's max, sum and values
+    AlignedVector<float> scores_;                 // [threads, queries · group, attention_chunk] one chunk's scores
     AlignedVector<float> queries_;                // [threads, queries · group, Dh] one tile's query heads
     std::vector<float> logits_;  // [rows, V] the returned logits
     std::vector<int> slot_block_, slot_offset_;  // [T] where each token's K/V go: block and slot
@@ -7994,6 +8009,26 @@ template <DType dtype, int C>
     size_t n = 0;
     for (; n + R <= rows; n += R) rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
     for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+}
+
+// softmax_exp's operations on eight lanes; the last count % 8 weights in its scalar form.
+[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max) {
+    using namespace softmax_exp_constants;
+    int j = 0;
+    for (; j + 8 <= count; j += 8) {
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(max));
+        const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(log2_e), _mm256_set1_ps(round_shift));
+        const __m256 n = _mm256_sub_ps(shifted, _mm256_set1_ps(round_shift));
+        const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_low), _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_high), x));
+        __m256 p = _mm256_set1_ps(taylor[0]);
+#pragma GCC unroll 8
+        for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(taylor[i]));
+        const __m256i exponent_step = _mm256_slli_epi32(
+            _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(static_cast<int>(round_shift_bits))), 23);
+        const __m256 value = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent_step));
+        _mm256_storeu_ps(s + j, _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(cutoff), _CMP_LT_OQ), value));
+    }
+    for (; j < count; ++j) s[j] = softmax_exp(s[j] - max);
 }
 
 // Up to 64 elements of the sum at a time, in eight registers across the rows: eight independent FMA chains, and

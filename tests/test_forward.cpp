@@ -333,6 +333,38 @@ std::vector<double> reference_last_logits(const infer::Model& model, const std::
 
 }  // namespace
 
+TEST_CASE("the softmax's exponential: within one ulp of e^x on [-86, 0], zero below, and the same bits on every path") {
+    std::vector<float> xs;
+    for (int i = 0; i <= 200000; ++i) xs.push_back(-86.0f * static_cast<float>(i) / 200000);
+    for (float x : {0.0f, -0.0f, -1e-30f, -0.34657359f, -0.34657360f, -1.0f, -85.99999f}) xs.push_back(x);
+    double worst = 0;
+    for (float x : xs) {
+        const double exact = std::exp(static_cast<double>(x));
+        const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(exact)) - 23);
+        worst = std::max(worst, std::fabs(infer::detail::softmax_exp(x) - exact) / ulp);
+    }
+    CHECK(worst < 1.0);
+    CHECK(infer::detail::softmax_exp(0.0f) == 1.0f);
+    CHECK(infer::detail::softmax_exp(-86.5f) == 0.0f);
+    CHECK(infer::detail::softmax_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
+
+    // Rows of weights as attention takes them (score − max), of lengths that leave every tail size of the SIMD loop.
+    std::vector<float> scores;
+    for (int i = 0; i < 203; ++i) scores.push_back(std::sin(0.37f * i) * 30.0f - (i % 11 == 0 ? 100.0f : 0.0f));
+    std::vector<float> portable = scores;
+    infer::detail::softmax_exp_rows<infer::CpuKernels::Portable>(portable.data(), 203, 30.0f);
+    for (infer::CpuKernels path : {infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+        if (!infer::cpu_supports(path)) continue;
+        CAPTURE(infer::cpu_kernels_name(path));
+        for (int count : {1, 7, 8, 9, 203}) {
+            std::vector<float> simd = scores, expected(portable.begin(), portable.begin() + count);
+            if (path == infer::CpuKernels::Avx2) infer::detail::softmax_exp_rows<infer::CpuKernels::Avx2>(simd.data(), count, 30.0f);
+            else infer::detail::softmax_exp_rows<infer::CpuKernels::Avx512>(simd.data(), count, 30.0f);
+            CHECK(std::vector<float>(simd.begin(), simd.begin() + count) == expected);  // bitwise
+        }
+    }
+}
+
 TEST_CASE("attention over a context of several chunks matches a double-precision reference, bit for bit on every kernel path") {
     test::TempDir dir("long-context");
     infer::save_random_model(dir.path(), {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64,
