@@ -1,17 +1,21 @@
 // bench_decode — decode speed of a model larger than any cache, in f32 and bf16, against the memory bandwidth.
 //
-//   bench_decode [--prompt-tokens N] [--decode-tokens N] [-t THREADS]
+//   bench_decode [--prompt-tokens N] [--decode-tokens N] [-t THREADS] [--contexts N,N,...]
 //
 // Writes two random-weight models of one shape (D 768, L 12, H = Hkv = 12, F 2048, V 32000: GPT-2 small's width and
 // depth with a Llama MLP and vocabulary) into a temporary folder, one in f32 and one in bf16, then for each: loads it,
 // prefills a short prompt and times the decode steps that follow. A decode step reads every weight once, so
 // weight bytes per token × tokens/s is the memory traffic decode achieved; dividing by the bandwidth measured in the
 // same run (the same streaming read as chapter 04, tools/measure.hpp) says how close to the ceiling it came.
-// Random weights cost exactly what trained ones do. The folder is removed at the end. Run by `meson test --benchmark`.
+// Then, on the f32 model, decode after prompts of each --contexts length (default 128, 1024, 4000) with the KV cache
+// in f32, f16 and bf16: the sequences decode in turn, one step each, so the host's drift falls on all of them alike
+// and their ratio to the shortest is measured in one run. Random weights cost exactly what trained ones do. The
+// folder is removed at the end. Run by `meson test --benchmark`.
 #include "command_line.hpp"
 #include "infer.hpp"
 #include "measure.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,15 +31,17 @@ struct Options {
     int prompt_tokens = 16;
     int decode_tokens = 64;
     int threads = 0;  // 0: every core
+    std::vector<int> contexts = {128, 1024, 4000};
 };
 
 Options parse_options(int argc, char** argv) {
-    CommandLine line(argc, argv, 1, {"--prompt-tokens", "--decode-tokens", "-t"}, {},
-                     "usage: bench_decode [--prompt-tokens N] [--decode-tokens N] [-t THREADS]\n");
+    CommandLine line(argc, argv, 1, {"--prompt-tokens", "--decode-tokens", "-t", "--contexts"}, {},
+                     "usage: bench_decode [--prompt-tokens N] [--decode-tokens N] [-t THREADS] [--contexts N,N,...]\n");
     Options options;
     options.prompt_tokens = static_cast<int>(line.integer("--prompt-tokens", options.prompt_tokens, 1, 1'000'000));
     options.decode_tokens = static_cast<int>(line.integer("--decode-tokens", options.decode_tokens, 1, 1'000'000));
     options.threads = static_cast<int>(line.integer("-t", options.threads, 0, 1024));
+    if (line.has("--contexts")) options.contexts = parse_int_list("--contexts", line.text("--contexts"));
     return options;
 }
 
@@ -58,7 +64,7 @@ struct TemporaryFolder {
 // (bf16) read per decode step, the weights are many times the reference machine's 32 MiB L3: decode streams them
 // from DRAM.
 constexpr infer::ModelShape bench_shape{.dim = 768, .n_layers = 12, .n_heads = 12, .n_kv_heads = 12, .ffn_dim = 2048,
-                                        .vocab_size = 32000, .context_length = 2048, .tied_embeddings = true};
+                                        .vocab_size = 32000, .context_length = 8192, .tied_embeddings = true};
 
 struct Row {
     std::string dtype;
@@ -111,6 +117,74 @@ Row run(const std::filesystem::path& folder, infer::DType dtype, const Options& 
     return row;
 }
 
+// The KV cache's types the long-context table compares.
+constexpr infer::DType cache_types[] = {infer::DType::F32, infer::DType::F16, infer::DType::BF16};
+constexpr const char* cache_type_names[] = {"f32", "f16", "bf16"};
+
+// Decode after prompts of each --contexts length, for each cache type: one sequence per length, all prefilled first,
+// then --decode-tokens rounds in which each takes one step in turn. Returns each sequence's median step in seconds,
+// [cache type][context]: the median ignores the steps a busy host interrupted, and taking turns gives every length
+// the same host.
+std::vector<std::vector<double>> decode_at_contexts(const infer::Model& model, const Options& options,
+                                                    infer::ThreadPool& pool) {
+    const std::vector<int>& contexts = options.contexts;
+    const int M = options.decode_tokens, V = model.config.vocab_size;
+    int blocks = 0;
+    for (int n : contexts) blocks += (n + M + 15) / 16;
+    infer::ForwardPass forward(model, pool);
+    infer::Batch batch;
+    std::vector<std::vector<double>> medians;
+    for (infer::DType cache_type : cache_types) {
+        infer::KVCache cache(model.config, blocks, 16, cache_type);
+        for (size_t s = 0; s < contexts.size(); ++s) {  // each prompt's blocks are taken at once: one run per KV head
+            const int sequence = static_cast<int>(s);
+            cache.reserve(sequence, contexts[s] + M);
+            batch.clear();
+            for (int i = 0; i < contexts[s]; ++i) batch.add(i % V, i, sequence, i == contexts[s] - 1);
+            forward.forward(batch, cache);
+        }
+        std::vector<std::vector<double>> steps(contexts.size());
+        for (int j = 0; j < M; ++j)
+            for (size_t s = 0; s < contexts.size(); ++s) {
+                batch.clear();
+                batch.add((contexts[s] + j) % V, contexts[s] + j, static_cast<int>(s), true);
+                infer::Stopwatch clock;
+                forward.forward(batch, cache);
+                steps[s].push_back(clock.seconds());
+            }
+        medians.emplace_back();
+        for (std::vector<double>& times : steps) {
+            std::sort(times.begin(), times.end());
+            medians.back().push_back(times[times.size() / 2]);
+        }
+    }
+    return medians;
+}
+
+void print_contexts(const std::vector<std::vector<double>>& seconds, double weight_bytes, const Options& options) {
+    const std::vector<int>& contexts = options.contexts;
+    const infer::ModelConfig config = infer::config_for_shape(bench_shape);
+    std::printf("\ndecode after long prompts (f32 weights): prompts of");
+    for (int n : contexts) std::printf(" %d", n);
+    std::printf(" tokens decode %d steps each, taking turns; tokens/s of the median step\n\n| --cache-type |",
+                options.decode_tokens);
+    for (int n : contexts) std::printf(" %11s |", ("after " + std::to_string(n)).c_str());
+    std::printf(" %d vs %d | bytes alone |\n|--------------|", contexts.back(), contexts.front());
+    for (size_t i = 0; i < contexts.size(); ++i) std::printf("------------:|");
+    std::printf("------:|------------:|\n");
+    for (size_t type = 0; type < seconds.size(); ++type) {
+        std::printf("| %-12s |", cache_type_names[type]);
+        for (double step : seconds[type]) std::printf(" %11.1f |", 1 / step);
+        // The same ratio if a step cost only its bytes (the weights, then the cache up to the position): the floor a
+        // memory-bound engine can reach.
+        auto bytes_at = [&](int n) {
+            return weight_bytes + static_cast<double>(infer::KVCache::bytes_per_token(config, cache_types[type])) * n;
+        };
+        std::printf(" %5.2f× | %10.2f× |\n", seconds[type].back() / seconds[type].front(),
+                    bytes_at(contexts.back()) / bytes_at(contexts.front()));
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -119,13 +193,22 @@ int main(int argc, char** argv) try {
         throw infer::Error("--prompt-tokens " + std::to_string(options.prompt_tokens) + " + --decode-tokens " +
                            std::to_string(options.decode_tokens) + " exceed the benchmark model's context of " +
                            std::to_string(bench_shape.context_length) + " tokens");
+    for (int n : options.contexts)
+        if (n + options.decode_tokens > bench_shape.context_length)
+            throw infer::Error("--contexts " + std::to_string(n) + " + --decode-tokens " + std::to_string(options.decode_tokens) +
+                               " exceed the benchmark model's context of " + std::to_string(bench_shape.context_length) + " tokens");
     infer::ThreadPool pool(options.threads);
     TemporaryFolder temporary;
 
     std::vector<Row> rows;
+    std::vector<std::vector<double>> context_seconds;  // [cache type][context]
     for (infer::DType dtype : {infer::DType::F32, infer::DType::BF16}) {
         std::filesystem::path folder = temporary.path / infer::dtype_name(dtype);
         rows.push_back(run(folder, dtype, options, pool));
+        if (dtype == infer::DType::F32) {
+            std::cerr << "decoding after prompts of " << options.contexts.back() << " tokens and fewer ..." << std::endl;
+            context_seconds = decode_at_contexts(infer::load_model(folder), options, pool);
+        }
         std::filesystem::remove_all(folder);  // frees the disk and the page cache before the next model is written
     }
 
@@ -150,6 +233,7 @@ int main(int argc, char** argv) try {
     if (rows.size() == 2)
         std::printf("\nbf16 / f32 decode speed: %.2f× (2× would be purely memory-bound)\n",
                     rows[1].decode_rate / rows[0].decode_rate);
+    print_contexts(context_seconds, rows[0].bytes_per_token, options);
     return 0;
 } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
