@@ -2802,20 +2802,19 @@ private:
         for (size_t r = 0; r < rows; ++r) {
             const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
             const int from = std::max(item.first, first_visible(position)), to = std::min(item.end, position + 1);
-            float& max = partial[r * (Dh + 2)];
-            float& sum = partial[r * (Dh + 2) + 1];
-            float* values = &partial[r * (Dh + 2) + 2];
-            max = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+            float* row_partial = &partial[r * (Dh + 2)];  // max, sum, values [Dh]
+            row_partial[0] = -std::numeric_limits<float>::infinity(), row_partial[1] = 0.0f;
+            float* values = row_partial + 2;
             std::fill(values, values + Dh, 0.0f);
             if (from >= to) continue;  // nothing this query may see in the chunk: a weight of zero in the merge
             float* weights = scores + r * n;  // [j]: position item.first + j's score, then its weight
             const int first = from - item.first, last = to - item.first;
-            float chunk_max = max;  // locals: weights may alias partial_ for all the compiler knows
+            float chunk_max = -std::numeric_limits<float>::infinity();
             for (int j = first; j < last; ++j) chunk_max = std::max(chunk_max, weights[j]);
             detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
-            float chunk_sum = 0.0f;
+            float chunk_sum = 0.0f;  // a local: weights may alias partial_ for all the compiler knows
             for (int j = first; j < last; ++j) chunk_sum += weights[j];
-            max = chunk_max, sum = chunk_sum;
+            row_partial[0] = chunk_max, row_partial[1] = chunk_sum;
             for (int p = from; p < to;) {  // the chunk's values, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(to - p, B - slot);
                 detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),

@@ -138,7 +138,7 @@ std::vector<std::vector<double>> decode_at_contexts(const infer::Model& model, c
         infer::KVCache cache(model.config, blocks, 16, cache_type);
         for (size_t s = 0; s < contexts.size(); ++s) {  // each prompt's blocks are taken at once: one run per KV head
             const int sequence = static_cast<int>(s);
-            cache.reserve(sequence, contexts[s] + M);
+            if (!cache.reserve(sequence, contexts[s] + M)) throw infer::Error("bench_decode: the KV cache is too small");
             batch.clear();
             for (int i = 0; i < contexts[s]; ++i) batch.add(i % V, i, sequence, i == contexts[s] - 1);
             forward.forward(batch, cache);
