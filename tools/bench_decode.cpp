@@ -42,6 +42,7 @@ Options parse_options(int argc, char** argv) {
     options.decode_tokens = static_cast<int>(line.integer("--decode-tokens", options.decode_tokens, 1, 1'000'000));
     options.threads = static_cast<int>(line.integer("-t", options.threads, 0, 1024));
     if (line.has("--contexts")) options.contexts = parse_int_list("--contexts", line.text("--contexts"));
+    std::sort(options.contexts.begin(), options.contexts.end());  // the table compares the longest with the shortest
     return options;
 }
 
