@@ -2329,6 +2329,15 @@ inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, siz
     }
 }
 
+// Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
+inline void prefetch_bytes(const std::byte* data, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(data + i);
+#else
+    (void)data, (void)bytes;
+#endif
+}
+
 // e^x for attention's softmax weights, where x = a score − its chunk's maximum ≤ 0. Range reduction x = n·ln 2 + r with
 // |r| ≤ ln 2 / 2 (ln 2 in two parts, so n·ln 2 loses nothing), e^r by its Taylor polynomial to degree 7 in fused
 // multiply-adds (truncation below 1e-8), and 2ⁿ added to the exponent bits: within one ulp of e^x. Below −86 it
@@ -2697,12 +2706,13 @@ private:
     // then per query head takes the chunk's maximum m, the weights exp(s − m), their sum l and the weighted sum of
     // values. The chunks of one token then merge as an online softmax does (flash decoding): each chunk's sum and
     // values weighed by exp(its m − the largest m). Two passes over a chunk, keys then values, make each a run of
-    // 512 × Dh values that the hardware prefetchers stream from memory, as they do the weights (walking keys and
-    // values together in short steps left decode at 4k positions waiting on its loads: chapter 07). Each query takes
-    // only the positions it may see (causal, and Mistral's window). Chunk edges are fixed positions and each score is
-    // the tile kernel's fixed sum, so every result is the same bits whatever the batch, the tiling, the cache's block
-    // size or the thread count. Cost per token and head: 2·Dh multiply-adds per visible position; at long contexts
-    // these bytes outweigh the weights' (chapter 07).
+    // 512 × Dh values that the hardware prefetchers stream from memory, as they do the weights (walking keys and values
+    // together in short steps left decode at 4k positions waiting on its loads: chapter 07); where a sequence's blocks
+    // are not adjacent in the pool, the next block is requested ahead. Each query takes only the positions it may see
+    // (causal, and Mistral's window). Chunk edges are fixed positions and each score is the tile kernel's fixed sum, so
+    // every result is the same bits whatever the batch, the tiling, the cache's block size or the thread count. Cost
+    // per token and head: 2·Dh multiply-adds per visible position; at long contexts these bytes outweigh the weights'
+    // (chapter 07).
     static constexpr int attention_chunk = 512;   // positions per item
     static constexpr int attention_queries = 8;   // tokens per query tile
 
@@ -2791,9 +2801,17 @@ private:
         float* partial = &partial_[item.partial];  // per row: max, sum, values [Dh]
         const int n = item.end - item.first;
 
+        // The next block's run is asked for ahead when it does not follow this one in memory: the hardware prefetchers
+        // carry a run across adjacent blocks but not across a jump, and a sequence that grew a block at a time beside
+        // others has a jump at every block.
+        const size_t block_run_bytes = static_cast<size_t>(B) * dtype_bytes(cache.dtype(), static_cast<int64_t>(Dh));
+        auto jumps_before = [&table](int block_index) { return table[block_index] != table[block_index - 1] + 1; };
+
         // The chunk's keys, one KV block's run of slots at a time.
         for (int p = item.first; p < item.end;) {
             const int slot = p % B, run = std::min(item.end - p, B - slot);
+            if (p + run < item.end && jumps_before(p / B + 1))
+                detail::prefetch_bytes(cache.key(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
             detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
                                           static_cast<size_t>(n), queries, static_cast<int>(rows), scores + (p - item.first),
                                           static_cast<size_t>(run));
@@ -2817,6 +2835,8 @@ private:
             row_partial[0] = chunk_max, row_partial[1] = chunk_sum;
             for (int p = from; p < to;) {  // the chunk's values, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(to - p, B - slot);
+                if (p + run < to && jumps_before(p / B + 1))
+                    detail::prefetch_bytes(cache.value(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
                 detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),
                                                 weights + (p - item.first), run, Dh);
                 p += run;

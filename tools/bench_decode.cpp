@@ -8,8 +8,8 @@
 // weight bytes per token × tokens/s is the memory traffic decode achieved; dividing by the bandwidth measured in the
 // same run (the same streaming read as chapter 04, tools/measure.hpp) says how close to the ceiling it came.
 // Then, on the f32 model, decode after prompts of each --contexts length (default 128, 1024, 4000) with the KV cache
-// in f32, f16 and bf16: the sequences decode in turn, one step each, so the host's drift falls on all of them alike
-// and their ratio to the shortest is measured in one run. Random weights cost exactly what trained ones do. The
+// in f32, f16 and bf16 (and bf16 with each sequence's blocks apart in the pool): the sequences decode in turn, one
+// step each, so the host's drift falls on all of them alike and their ratio to the shortest is measured in one run. Random weights cost exactly what trained ones do. The
 // folder is removed at the end. Run by `meson test --benchmark`.
 #include "command_line.hpp"
 #include "infer.hpp"
@@ -118,26 +118,42 @@ Row run(const std::filesystem::path& folder, infer::DType dtype, const Options& 
     return row;
 }
 
-// The KV cache's types the long-context table compares.
-constexpr infer::DType cache_types[] = {infer::DType::F32, infer::DType::F16, infer::DType::BF16};
-constexpr const char* cache_type_names[] = {"f32", "f16", "bf16"};
+// The rows of the long-context table: the KV cache's type, and whether each sequence's blocks lie apart in the pool
+// (taken a block at a time, in turn with another sequence's, as a sequence that grows beside others gets them) rather
+// than in one run (a prompt's blocks, taken at once).
+struct CacheCase {
+    infer::DType type;
+    bool blocks_apart;
+    const char* name;
+};
+constexpr CacheCase cache_cases[] = {{infer::DType::F32, false, "f32"},
+                                     {infer::DType::F16, false, "f16"},
+                                     {infer::DType::BF16, false, "bf16"},
+                                     {infer::DType::BF16, true, "bf16, blocks apart"}};
 
-// Decode after prompts of each --contexts length, for each cache type: one sequence per length, all prefilled first,
-// then --decode-tokens rounds in which each takes one step in turn. Returns each sequence's median step in seconds,
-// [cache type][context]: the median ignores the steps a busy host interrupted, and taking turns gives every length
-// the same host.
+// Decode after prompts of each --contexts length, for each case: one sequence per length, all prefilled first, then
+// --decode-tokens rounds in which each takes one step in turn. Returns each sequence's median step in seconds,
+// [case][context]: the median ignores the steps a busy host interrupted, and taking turns gives every length the same
+// host.
 std::vector<std::vector<double>> decode_at_contexts(const infer::Model& model, const Options& options,
                                                     infer::ThreadPool& pool) {
     const std::vector<int>& contexts = options.contexts;
-    const int M = options.decode_tokens, V = model.config.vocab_size;
+    const int M = options.decode_tokens, V = model.config.vocab_size, B = 16;
     int blocks = 0;
-    for (int n : contexts) blocks += (n + M + 15) / 16;
+    for (int n : contexts) blocks += (n + M + B - 1) / B;
+    const int spacer = static_cast<int>(contexts.size()), spacer_tokens = contexts.back() + M;  // holds the gaps
+    blocks += (spacer_tokens + B - 1) / B;
     infer::ForwardPass forward(model, pool);
     infer::Batch batch;
     std::vector<std::vector<double>> medians;
-    for (infer::DType cache_type : cache_types) {
-        infer::KVCache cache(model.config, blocks, 16, cache_type);
-        for (size_t s = 0; s < contexts.size(); ++s) {  // each prompt's blocks are taken at once: one run per KV head
+    for (const CacheCase& row : cache_cases) {
+        infer::KVCache cache(model.config, blocks, B, row.type);
+        if (row.blocks_apart)
+            for (int n = B; n < spacer_tokens + B; n += B) {
+                for (size_t s = 0; s < contexts.size(); ++s) cache.reserve(static_cast<int>(s), std::min(n, contexts[s] + M));
+                cache.reserve(spacer, std::min(n, spacer_tokens));
+            }
+        for (size_t s = 0; s < contexts.size(); ++s) {
             const int sequence = static_cast<int>(s);
             if (!cache.reserve(sequence, contexts[s] + M)) throw infer::Error("bench_decode: the KV cache is too small");
             batch.clear();
@@ -167,19 +183,19 @@ void print_contexts(const std::vector<std::vector<double>>& seconds, double weig
     const infer::ModelConfig config = infer::config_for_shape(bench_shape);
     std::printf("\ndecode after long prompts (f32 weights): prompts of");
     for (int n : contexts) std::printf(" %d", n);
-    std::printf(" tokens decode %d steps each, taking turns; tokens/s of the median step\n\n| --cache-type |",
+    std::printf(" tokens decode %d steps each, taking turns; tokens/s of the median step\n\n| KV cache           |",
                 options.decode_tokens);
     for (int n : contexts) std::printf(" %11s |", ("after " + std::to_string(n)).c_str());
-    std::printf(" %d vs %d | bytes alone |\n|--------------|", contexts.back(), contexts.front());
+    std::printf(" %d vs %d | bytes alone |\n|--------------------|", contexts.back(), contexts.front());
     for (size_t i = 0; i < contexts.size(); ++i) std::printf("------------:|");
     std::printf("------:|------------:|\n");
     for (size_t type = 0; type < seconds.size(); ++type) {
-        std::printf("| %-12s |", cache_type_names[type]);
+        std::printf("| %-18s |", cache_cases[type].name);
         for (double step : seconds[type]) std::printf(" %11.1f |", 1 / step);
         // The same ratio if a step cost only its bytes (the weights, then the cache up to the position): the floor a
         // memory-bound engine can reach.
         auto bytes_at = [&](int n) {
-            return weight_bytes + static_cast<double>(infer::KVCache::bytes_per_token(config, cache_types[type])) * n;
+            return weight_bytes + static_cast<double>(infer::KVCache::bytes_per_token(config, cache_cases[type].type)) * n;
         };
         std::printf(" %5.2f× | %10.2f× |\n", seconds[type].back() / seconds[type].front(),
                     bytes_at(contexts.back()) / bytes_at(contexts.front()));
@@ -202,7 +218,7 @@ int main(int argc, char** argv) try {
     TemporaryFolder temporary;
 
     std::vector<Row> rows;
-    std::vector<std::vector<double>> context_seconds;  // [cache type][context]
+    std::vector<std::vector<double>> context_seconds;  // [cache case][context]
     for (infer::DType dtype : {infer::DType::F32, infer::DType::BF16}) {
         std::filesystem::path folder = temporary.path / infer::dtype_name(dtype);
         rows.push_back(run(folder, dtype, options, pool));
