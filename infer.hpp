@@ -2206,6 +2206,36 @@ inline void use_cpu_kernels(CpuKernels kernels) {
     detail::kernel_choice().store(static_cast<int>(kernels), std::memory_order_relaxed);
 }
 
+// bf16 × bf16 products (opt-in): llama.cpp's arithmetic for bf16 weights.
+// llama.cpp multiplies bf16 weights by activations rounded to bf16, with AVX512_BF16's vdpbf16ps: 32 products per
+// instruction where widening the weights to f32 gives 16, and no widening. use_bf16_activations(true) (or
+// INFER_BF16_ACTIVATIONS=1, or infer's --bf16-activations) does the same for every BF16 matrix: prefill's arithmetic
+// halves where the CPU has AVX512_BF16. The cost is precision: each activation keeps 8 of its 24 significant bits,
+// so logits move by a few thousandths (chapter 07 has the figures); off by default, where bf16 weights meet f32
+// activations and the logits match the reference engines' to 1e-4. The sums are defined so that a portable loop
+// gives vdpbf16ps's bits:
+//   - each activation rounded to bf16 (nearest, ties to even), a subnormal one to zero;
+//   - 16 lanes per sum: in each block of 32 columns, lane j adds the product of column 2j + 1, then that of column 2j,
+//     each step one rounding of the exact product (8 × 8 significant bits fit a float) added to the lane, that is a
+//     fused multiply-add, a subnormal result flushed to zero and a subnormal weight read as zero;
+//   - fold_lanes's tree, then the last K % 32 columns in order (plain fused multiply-adds).
+// So batch invariance and the identical logits of every path hold in this mode too.
+
+namespace detail {
+inline std::atomic<bool>& bf16_activation_choice() {
+    static std::atomic<bool> choice{[] {
+        const std::string_view asked = std::getenv("INFER_BF16_ACTIVATIONS") ? std::getenv("INFER_BF16_ACTIVATIONS") : "";
+        if (asked != "" && asked != "0" && asked != "1") fail("INFER_BF16_ACTIVATIONS: \"", asked, "\" is not 0 or 1");
+        return asked == "1";
+    }()};
+    return choice;
+}
+}  // namespace detail
+
+inline bool bf16_activations() { return detail::bf16_activation_choice().load(std::memory_order_relaxed); }
+// Switches every later matmul of BF16 weights to (or back from) the bf16 products. Not while a forward pass runs.
+inline void use_bf16_activations(bool on) { detail::bf16_activation_choice().store(on, std::memory_order_relaxed); }
+
 namespace detail {
 
 // ---- The matmul kernel: a tile of weight rows × a tile of tokens ----------------------------------------------------
@@ -2326,6 +2356,95 @@ inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, siz
         case CpuKernels::Avx512: return dot_rows<CpuKernels::Avx512, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
         case CpuKernels::Avx2: return dot_rows<CpuKernels::Avx2, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
         default: return dot_rows<CpuKernels::Portable, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
+    }
+}
+
+// The bf16 products' kernel (their definition: use_bf16_activations above).
+inline float flush_subnormal(float value) {
+    return std::fabs(value) < std::numeric_limits<float>::min() ? std::copysign(0.0f, value) : value;
+}
+inline uint16_t bf16_bits_at(const std::byte* row, size_t k) {
+    uint16_t half;
+    std::memcpy(&half, row + k * 2, 2);
+    return half;
+}
+inline float bf16_flushed(uint16_t half) { return bf16_to_f32((half & 0x7F80) == 0 ? half & 0x8000 : half); }
+
+// x[T, K] rounded to bf16, subnormals to zero: the activations of the bf16 products, once per matmul call.
+inline void round_activations_to_bf16(const float* x, size_t count, AlignedVector<uint16_t>& out) {
+    out.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+        const uint16_t half = f32_to_bf16(x[i]);
+        out[i] = (half & 0x7F80) == 0 ? half & 0x8000 : half;
+    }
+}
+
+// The last K % 32 columns of a bf16 product, in order, added to the folded sum.
+inline float finish_bf16_dot(const std::byte* row, const uint16_t* x, size_t K32, size_t K, float sum) {
+    for (size_t k = K32; k < K; ++k) sum = std::fma(bf16_to_f32(bf16_bits_at(row, k)), bf16_to_f32(x[k]), sum);
+    return sum;
+}
+
+// The definition above, one row at a time against C tokens (the portable kernel; appendix F has the AVX512_BF16 one).
+template <int C>
+inline void bf16_tile_portable(const std::byte* weights, size_t row_bytes, size_t rows, const uint16_t* x, size_t K,
+                               float* out, size_t N) {
+    const size_t K32 = K / 32 * 32;
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        float lanes[C][16] = {};
+        for (size_t k = 0; k < K32; k += 32)
+            for (int lane = 0; lane < 16; ++lane) {
+                const size_t even = k + 2 * static_cast<size_t>(lane);
+                const float w_odd = bf16_flushed(bf16_bits_at(row, even + 1)), w_even = bf16_flushed(bf16_bits_at(row, even));
+                for (int c = 0; c < C; ++c) {
+                    const uint16_t* xc = x + c * K;
+                    float sum = flush_subnormal(std::fma(w_odd, bf16_to_f32(xc[even + 1]), lanes[c][lane]));
+                    lanes[c][lane] = flush_subnormal(std::fma(w_even, bf16_to_f32(xc[even]), sum));
+                }
+            }
+        for (int c = 0; c < C; ++c) out[c * N + n] = finish_bf16_dot(row, x + c * K, K32, K, fold_lanes(lanes[c]));
+    }
+}
+
+#ifdef INFER_X86_KERNELS
+inline bool cpu_runs_bf16_avx512();  // whether the CPU has AVX512_BF16 (appendix F)
+template <int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
+                                                                                            size_t row_bytes, size_t rows,
+                                                                                            const uint16_t* x, size_t K,
+                                                                                            float* out, size_t N);
+#else
+inline bool cpu_runs_bf16_avx512() { return false; }
+#endif
+
+template <int C>
+inline void bf16_token_tile(bool avx512, const std::byte* weights, size_t row_bytes, const uint16_t* x, size_t K,
+                            float* out, size_t N, size_t row_begin, size_t row_end) {
+    weights += row_begin * row_bytes;
+    out += row_begin;
+#ifdef INFER_X86_KERNELS
+    if (avx512) return bf16_tile_avx512<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
+#endif
+    (void)avx512;
+    bf16_tile_portable<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
+}
+
+// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ with x already rounded: dot_rows's blocking and tiles
+// (8 tokens, then 4, 2, 1). The AVX-512 kernel where the path is AVX-512 and the CPU has AVX512_BF16; the portable
+// loop elsewhere (the same bits, slower).
+inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K, size_t N, const uint16_t* x, int T,
+                             float* out, size_t row_begin, size_t row_end) {
+    const bool avx512 = path == CpuKernels::Avx512 && cpu_runs_bf16_avx512();
+    const size_t row_bytes = K * 2;
+    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
+    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
+        const size_t block_end = std::min(row_end, block + rows_per_block);
+        int t = 0;
+        for (; t + 8 <= T; t += 8) bf16_token_tile<8>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+        for (; t + 4 <= T; t += 4) bf16_token_tile<4>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+        for (; t + 2 <= T; t += 2) bf16_token_tile<2>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+        if (t < T) bf16_token_tile<1>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
     }
 }
 
@@ -2482,6 +2601,12 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
         if (has_integer_kernel(p.w.dtype)) (activation_block(p.w.dtype) == 32 ? need_32 : need_256) = true;
     if (need_32) quantize_activations(x, T, K, 32, x_by_32);
     if (need_256) quantize_activations(x, T, K, 256, x_by_256);
+    thread_local AlignedVector<uint16_t> buffer_bf16;  // on 64-byte lines: a load across two runs at half speed
+    const AlignedVector<uint16_t>& x_bf16 = buffer_bf16;
+    const bool bf16_products = bf16_activations() && std::any_of(products.begin(), products.end(), [](const Product& p) {
+        return p.w.dtype == DType::BF16;
+    });
+    if (bf16_products) round_activations_to_bf16(x, static_cast<size_t>(T) * K, buffer_bf16);
     auto rows = [&](size_t begin, size_t end, int) {
         size_t first_row = 0;  // of the current product, in the concatenated numbering
         for (const Product& p : products) {
@@ -2492,7 +2617,10 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
                 to -= first_row;
                 switch (p.w.dtype) {
                     case DType::F32: matmul_rows<DType::F32>(path, p.w.data, K, N, x, T, p.out, from, to); break;
-                    case DType::BF16: matmul_rows<DType::BF16>(path, p.w.data, K, N, x, T, p.out, from, to); break;
+                    case DType::BF16:
+                        if (bf16_products) matmul_rows_bf16(path, p.w.data, K, N, x_bf16.data(), T, p.out, from, to);
+                        else matmul_rows<DType::BF16>(path, p.w.data, K, N, x, T, p.out, from, to);
+                        break;
                     case DType::F16: matmul_rows<DType::F16>(path, p.w.data, K, N, x, T, p.out, from, to); break;
                     case DType::Q8_0:
                     case DType::Q4_0:
@@ -8028,6 +8156,60 @@ template <DType dtype, int C>
     size_t n = 0;
     for (; n + R <= rows; n += R) rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
     for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+}
+
+// The bf16 products (section 04) with vdpbf16ps: each instruction adds, in every one of 16 lanes, the product of the
+// lane's odd column and then of its even column to the lane, which is the definition's two roundings (with
+// subnormals flushed, as the instruction always does). A sum is one register; R rows × C tokens of them.
+inline bool cpu_runs_bf16_avx512() {
+    static const bool bf16 = cpu_supports(CpuKernels::Avx512) && __builtin_cpu_supports("avx512bf16");
+    return bf16;
+}
+
+template <int R, int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] inline void bf16_rows_avx512(const std::byte* row,
+                                                                                                   size_t row_bytes,
+                                                                                                   const uint16_t* x,
+                                                                                                   size_t K, float* out,
+                                                                                                   size_t N) {
+    const size_t K32 = K / 32 * 32;
+    __m512 sums[R][C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K32; k += 32) {
+        __m512bh w[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + c * K + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) sums[r][c] = _mm512_dpbf16_ps(sums[r][c], w[r], xv);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            alignas(64) float lanes[16];  // as rows_avx512
+            _mm512_store_ps(lanes, sums[r][c]);
+            const __m256 half = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+            out[c * N + r] = finish_bf16_dot(row + r * row_bytes, x + c * K, K32, K, horizontal_sum(half));
+        }
+}
+
+template <int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
+                                                                                            size_t row_bytes, size_t rows,
+                                                                                            const uint16_t* x, size_t K,
+                                                                                            float* out, size_t N) {
+    // 3 rows × 8 tokens of sums + 3 weights + 1 activation of the 32 registers, as the float tile. Fewer tokens take 4
+    // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
+    // below the memory's rate.
+    constexpr int R = C == 8 ? 3 : 4;
+    size_t n = 0;
+    for (; n + R <= rows; n += R) bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
 }
 
 // softmax_exp's operations on eight lanes; the last count % 8 weights in its scalar form.

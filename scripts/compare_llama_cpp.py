@@ -4,6 +4,7 @@
     scripts/compare_llama_cpp.py --llama-bench PATH/llama-bench [--infer build/infer] [-t 2] [-p 128[,512...]] \
         [-n 64] [-r 3] MODEL.gguf [MODEL.gguf ...]
     scripts/compare_llama_cpp.py --node-llama-cpp DIR ...    (llama.cpp through its Node binding, see below)
+    scripts/compare_llama_cpp.py --bf16-activations ...      (infer with llama.cpp's arithmetic for BF16 weights)
 
 For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
 tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
@@ -53,10 +54,10 @@ def node_llama_cpp(folder, model, threads, prompt, generate, repeats):
     return record["prefill_tokens_per_second"], record["decode_tokens_per_second"]
 
 
-def infer_generate(binary, model, threads, prompt, generate, repeats):
+def infer_generate(binary, model, threads, prompt, generate, repeats, extra):
     ids = ",".join(str(3 + (i * 37) % 250) for i in range(prompt))  # valid in any vocabulary of 253 ids or more
     command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
-               "--temp", "0", "--ignore-eos", "--no-mmap"]
+               "--temp", "0", "--ignore-eos", "--no-mmap"] + extra
     best_prefill = best_decode = 0.0
     for _ in range(repeats):
         done = subprocess.run(command, capture_output=True, text=True)
@@ -82,6 +83,8 @@ def main():
     parser.add_argument("-p", "--prompt", default="128", help="prompt tokens (llama-bench's pp), a comma-separated list")
     parser.add_argument("-n", "--generate", type=int, default=64, help="generated tokens (llama-bench's tg)")
     parser.add_argument("-r", "--repeats", type=int, default=3)
+    parser.add_argument("--bf16-activations", action="store_true",
+                        help="infer multiplies BF16 weights by activations rounded to bf16, as llama.cpp does")
     options = parser.parse_args()
 
     try:
@@ -103,7 +106,8 @@ def main():
             else:
                 theirs = node_llama_cpp(options.node_llama_cpp, model, options.threads, prompt, options.generate,
                                         options.repeats)
-            ours = infer_generate(options.infer, model, options.threads, prompt, options.generate, options.repeats)
+            ours = infer_generate(options.infer, model, options.threads, prompt, options.generate, options.repeats,
+                                  ["--bf16-activations"] if options.bf16_activations else [])
             name = model if len(model) <= 40 else "..." + model[-37:]
             print(f"{name:40} {prompt:6} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
                   f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x  {ours[2]}", flush=True)

@@ -65,6 +65,37 @@ TEST_CASE("infer generate --cache-type f16 and bf16 (llama.cpp's -ctk/-ctv) keep
     CHECK(run.err == "error: option --cache-type: \"q8\" is not f32, f16 or bf16\n");
 }
 
+TEST_CASE("infer generate --bf16-activations: named in the figures, the same ids on every kernel path, refused where it cannot apply") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string model = (test::shared_dir() / "fixtures/arch/llama/model-bf16/model.gguf").string();
+    const std::vector<std::string> args = {"generate", "-m", model, "--prompt-ids", "1,5,70,300,42", "-n", "8", "--temp", "0",
+                                           "--ids", "--ignore-eos", "--bf16-activations"};
+    auto with_environment = [&](const std::string& variable, const std::vector<std::string>& arguments) {
+        std::string command = variable + ' ' + test::quote(std::getenv("INFER_BIN"));
+        for (const std::string& arg : arguments) command += ' ' + test::quote(arg);
+        return test::run_command(command);
+    };
+    test::ProgramRun best = test::run_infer(args);
+    CAPTURE(best.err);
+    CHECK(best.exit_code == 0);
+    CHECK(contains(best.err, " kernels, bf16 activations)"));
+    test::ProgramRun portable = with_environment("INFER_KERNELS=portable", args);
+    CHECK(portable.out == best.out);
+    CHECK(contains(portable.err, "note: --bf16-activations runs the portable loop here"));
+    std::vector<std::string> plain(args.begin(), args.end() - 1);
+    CHECK(with_environment("INFER_BF16_ACTIVATIONS=1", plain).out == best.out);  // the same switch for every command
+
+    std::vector<std::string> on_gpu = args;
+    on_gpu.insert(on_gpu.end(), {"--device", "cuda"});
+    test::ProgramRun run = test::run_infer(on_gpu);
+    CHECK(run.exit_code == 1);
+    CHECK(run.err == "error: option --bf16-activations: the CPU kernels' option, not --device cuda\n");
+    run = with_environment("INFER_BF16_ACTIVATIONS=yes", plain);
+    CHECK(run.exit_code == 1);
+    CHECK(run.out.empty());
+    CHECK(run.err == "error: INFER_BF16_ACTIVATIONS: \"yes\" is not 0 or 1\n");
+}
+
 TEST_CASE("infer generate streams the text and reports tokens/s and the time of each layer") {
     REQUIRE_SHARED_OR_SKIP();
     auto dir = test::shared_dir() / "models/stories260K";

@@ -37,6 +37,31 @@ void check_fixture(const std::filesystem::path& folder, const infer::Model& mode
     }
 }
 
+// The logits of sequence a, its prompt given in chunks of 5, 4 and the rest, the first chunk sharing its step with
+// sequence b's whole prompt (which goes first in the batch).
+std::vector<float> chunked_beside_another(const infer::Model& model, const std::vector<int>& a, const std::vector<int>& b) {
+    REQUIRE(a.size() > 9);
+    const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+    infer::ThreadPool pool(2);
+    infer::KVCache cache(model.config, static_cast<int>(a.size() + b.size()) / 4 + 2, 4);
+    REQUIRE(cache.reserve(0, static_cast<int>(a.size())));
+    REQUIRE(cache.reserve(1, static_cast<int>(b.size())));
+    infer::ForwardPass forward(model, pool);
+    std::vector<float> chunked;
+    int start = 0;
+    for (int chunk : {5, 4, static_cast<int>(a.size()) - 9}) {
+        infer::Batch batch;
+        if (start == 0)
+            for (size_t i = 0; i < b.size(); ++i) batch.add(b[i], static_cast<int>(i), 1, true);
+        for (int i = start; i < start + chunk; ++i) batch.add(a[i], i, 0, true);
+        auto logits = forward.forward(batch, cache);
+        const size_t skip = start == 0 ? b.size() * vocab : 0;
+        chunked.insert(chunked.end(), logits.begin() + static_cast<std::ptrdiff_t>(skip), logits.end());
+        start += chunk;
+    }
+    return chunked;
+}
+
 }  // namespace
 
 TEST_CASE("every architecture fixture matches its reference logits, from safetensors and from GGUF") {
@@ -92,6 +117,97 @@ TEST_CASE("every kernel path the CPU runs gives the same logits, bit for bit, on
     infer::use_cpu_kernels(chosen);
     MESSAGE("kernel paths compared on this CPU: portable", infer::cpu_supports(infer::CpuKernels::Avx2) ? ", avx2" : "",
             infer::cpu_supports(infer::CpuKernels::Avx512) ? ", avx512" : "");
+}
+
+// llama.cpp's arithmetic for bf16 weights, switched on for one scope.
+struct Bf16ActivationsOn {
+    Bf16ActivationsOn() { infer::use_bf16_activations(true); }
+    ~Bf16ActivationsOn() { infer::use_bf16_activations(false); }
+};
+
+TEST_CASE("bf16 activations: every path gives the definition's bits, with subnormals, column tails and any batch") {
+    std::mt19937 random(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t K : {64, 100, 131, 768}) {
+        CAPTURE(K);
+        const size_t N = 13;
+        const int T = 9;
+        std::vector<uint16_t> w(N * K);
+        std::vector<float> x(T * K);
+        for (uint16_t& v : w) v = random() % 50 == 0 ? uint16_t{0x0001} : infer::f32_to_bf16(0.05f * normal(random));  // some subnormal
+        for (float& v : x) v = random() % 40 == 0 ? 1e-39f : random() % 40 == 1 ? 1e-20f : normal(random);
+        infer::AlignedVector<uint16_t> rounded;
+        infer::detail::round_activations_to_bf16(x.data(), x.size(), rounded);
+        const auto* rows = reinterpret_cast<const std::byte*>(w.data());
+
+        // One token at a time on the portable path, against each path with all nine tokens at once.
+        std::vector<float> one_by_one(T * N);
+        for (int t = 0; t < T; ++t)
+            infer::detail::matmul_rows_bf16(infer::CpuKernels::Portable, rows, K, N, rounded.data() + t * K, 1,
+                                            one_by_one.data() + t * N, 0, N);
+        for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+            if (!infer::cpu_supports(path)) continue;
+            CAPTURE(infer::cpu_kernels_name(path));
+            std::vector<float> out(T * N);
+            infer::detail::matmul_rows_bf16(path, rows, K, N, rounded.data(), T, out.data(), 0, N);
+            CHECK(out == one_by_one);
+        }
+        // Each output is the dot product of the rounded values to within K roundings of its terms' magnitude.
+        for (int t = 0; t < T; ++t)
+            for (size_t n = 0; n < N; ++n) {
+                double exact = 0, magnitude = 0;
+                for (size_t k = 0; k < K; ++k) {
+                    const bool in_blocks = k < K / 64 * 64;
+                    const uint16_t bits = w[n * K + k];
+                    const double weight = in_blocks && (bits & 0x7F80) == 0 ? 0.0 : infer::bf16_to_f32(bits);
+                    const double term = weight * infer::bf16_to_f32(rounded[t * K + k]);
+                    exact += term;
+                    magnitude += std::fabs(term);
+                }
+                CHECK(std::fabs(one_by_one[t * N + n] - exact) <= static_cast<double>(K) * 0x1p-23 * magnitude + 1e-30);
+            }
+    }
+    // As vdpbf16ps computes: a subnormal weight is zero even beside a huge activation, and a subnormal sum is flushed
+    // to zero (widened to f32, these would give 2^-33 and 2^-140).
+    for (int which = 0; which < 2; ++which) {
+        std::vector<uint16_t> w(64, 0), x(64, 0);
+        w[1] = which == 0 ? uint16_t{0x0001} : infer::f32_to_bf16(0x1p-70f);
+        x[1] = infer::f32_to_bf16(which == 0 ? 0x1p100f : 0x1p-70f);
+        for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+            if (!infer::cpu_supports(path)) continue;
+            float out = -1;
+            infer::detail::matmul_rows_bf16(path, reinterpret_cast<const std::byte*>(w.data()), 64, 1, x.data(), 1, &out, 0, 1);
+            CHECK(out == 0.0f);
+        }
+    }
+}
+
+TEST_CASE("bf16 activations on the bf16 fixture: within 0.0125 of its reference, the same bits on every path, batch-invariant") {
+    REQUIRE_SHARED_OR_SKIP();
+    auto folder = test::shared_dir() / "fixtures/arch/llama/model-bf16";
+    infer::Model model = infer::load_model(folder);
+    const std::vector<int> ids = {1, 5, 70, 300, 42, 11, 7, 9, 100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    const std::vector<float> widened = prefill_logits(model, ids);
+    Bf16ActivationsOn bf16_activations;
+    // About what llama.cpp's own bf16 file is allowed above; the argmax may differ where the random model's best two
+    // logits are closer than the rounding.
+    check_fixture(folder, model, 0.0125, false);
+    check_fixture(folder, infer::load_model(folder / "model.gguf"), 0.0125, false);
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    std::vector<float> portable;
+    for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+        if (!infer::cpu_supports(kernels)) continue;
+        CAPTURE(infer::cpu_kernels_name(kernels));
+        infer::use_cpu_kernels(kernels);
+        std::vector<float> logits = prefill_logits(model, ids);
+        if (portable.empty()) portable = logits;
+        CHECK(logits == portable);
+    }
+    infer::use_cpu_kernels(chosen);
+    CHECK(portable != widened);  // the switch took effect
+    CHECK(chunked_beside_another(model, ids, {3, 4, 5}) == portable);
+    const std::string compared = infer::detail::cpu_runs_bf16_avx512() ? "AVX512_BF16 and the portable loop" : "the portable loop only";
+    MESSAGE("bf16 products compared on this CPU: ", compared);
 }
 
 TEST_CASE("a KV cache in f16 or bf16: logits near the f32 cache's, the same on every kernel path, decode equal to prefill") {
@@ -201,28 +317,7 @@ TEST_CASE("a sequence's logits do not depend on its batch-mates or on how its pr
     REQUIRE_SHARED_OR_SKIP();
     infer::Model model = infer::load_model(test::shared_dir() / "fixtures/arch/qwen2");
     std::vector<int> a = {1, 5, 70, 300, 42, 511, 7, 9, 100, 200, 300, 400};
-    std::vector<int> b = {3, 4, 5};
-    std::vector<float> alone = prefill_logits(model, a);
-
-    // The same sequence: its prompt in chunks of 5, 4 and 3 tokens, sharing each step with another sequence.
-    infer::ThreadPool pool(2);
-    infer::KVCache cache(model.config, 4, 4);
-    REQUIRE(cache.reserve(0, 12));
-    REQUIRE(cache.reserve(1, 3));
-    infer::ForwardPass forward(model, pool);
-    std::vector<float> chunked;
-    int start = 0;
-    for (int chunk : {5, 4, 3}) {
-        infer::Batch batch;
-        if (start == 0)
-            for (int i = 0; i < 3; ++i) batch.add(b[i], i, 1, true);  // the other sequence goes first
-        for (int i = start; i < start + chunk; ++i) batch.add(a[i], i, 0, true);
-        auto logits = forward.forward(batch, cache);
-        size_t skip = start == 0 ? 3 * 512 : 0;
-        chunked.insert(chunked.end(), logits.begin() + static_cast<std::ptrdiff_t>(skip), logits.end());
-        start += chunk;
-    }
-    CHECK(chunked == alone);  // bitwise
+    CHECK(chunked_beside_another(model, a, {3, 4, 5}) == prefill_logits(model, a));  // bitwise
 }
 
 TEST_CASE("a prompt longer than the context is refused with the lengths") {

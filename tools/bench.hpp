@@ -999,10 +999,11 @@ inline std::string bound_of(const Roofline& roof, const RooflinePoint& p) {
 inline void print_roofline(std::ostream& out, const Roofline& roof, const infer::Model& model) {
     char line[256];
     std::snprintf(line, sizeof line,
-                  "machine: %d threads, %s kernels, memory bandwidth %.2f GB/s (streaming read), peak %.1f GFLOP/s (FMA), "
+                  "machine: %d threads, %s kernels%s, memory bandwidth %.2f GB/s (streaming read), peak %.1f GFLOP/s (FMA), "
                   "ridge %.1f FLOP/byte\n"
                   "model: %s, %.2f M parameters, %.2f MB of weights read per forward pass\n\n",
-                  roof.threads, infer::cpu_kernels_name(infer::cpu_kernels()), roof.bandwidth / 1e9, roof.peak / 1e9,
+                  roof.threads, infer::cpu_kernels_name(infer::cpu_kernels()),
+                  infer::bf16_activations() ? ", bf16 activations" : "", roof.bandwidth / 1e9, roof.peak / 1e9,
                   roof.ridge(), model.source.c_str(),
                   model.parameter_count() / 1e6, model.weight_bytes_per_token() / 1e6);
     out << line;
