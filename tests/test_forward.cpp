@@ -37,6 +37,22 @@ void check_fixture(const std::filesystem::path& folder, const infer::Model& mode
     }
 }
 
+// The prefill logits of ids on the portable path, checked equal, bit for bit, on every other path the CPU runs.
+std::vector<float> logits_on_every_path(const infer::Model& model, const std::vector<int>& ids) {
+    const infer::CpuKernels chosen = infer::cpu_kernels();
+    std::vector<float> portable;
+    for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+        if (!infer::cpu_supports(kernels)) continue;
+        CAPTURE(infer::cpu_kernels_name(kernels));
+        infer::use_cpu_kernels(kernels);
+        std::vector<float> logits = prefill_logits(model, ids);
+        if (portable.empty()) portable = logits;
+        CHECK(logits == portable);
+    }
+    infer::use_cpu_kernels(chosen);
+    return portable;
+}
+
 // The logits of sequence a, its prompt given in chunks of 5, 4 and the rest, the first chunk sharing its step with
 // sequence b's whole prompt (which goes first in the batch).
 std::vector<float> chunked_beside_another(const infer::Model& model, const std::vector<int>& a, const std::vector<int>& b) {
@@ -100,21 +116,10 @@ TEST_CASE("every kernel path the CPU runs gives the same logits, bit for bit, on
         models.push_back(test::shared_dir() / "fixtures/quant" / type / ("model-" + std::string(type) + ".gguf"));
     models.push_back(test::shared_dir() / "models/stories260K/stories260K.gguf");
     const std::vector<int> ids = {1, 5, 70, 300, 42, 11, 7, 9, 100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
-    const infer::CpuKernels chosen = infer::cpu_kernels();
     for (const std::filesystem::path& path : models) {
         CAPTURE(path);
-        infer::Model model = infer::load_model(path);
-        std::vector<float> portable;
-        for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
-            if (!infer::cpu_supports(kernels)) continue;
-            CAPTURE(infer::cpu_kernels_name(kernels));
-            infer::use_cpu_kernels(kernels);
-            std::vector<float> logits = prefill_logits(model, ids);
-            if (portable.empty()) portable = logits;
-            CHECK(logits == portable);
-        }
+        logits_on_every_path(infer::load_model(path), ids);
     }
-    infer::use_cpu_kernels(chosen);
     MESSAGE("kernel paths compared on this CPU: portable", infer::cpu_supports(infer::CpuKernels::Avx2) ? ", avx2" : "",
             infer::cpu_supports(infer::CpuKernels::Avx512) ? ", avx512" : "");
 }
@@ -193,17 +198,7 @@ TEST_CASE("bf16 activations on the bf16 fixture: within 0.0125 of its reference,
     // logits are closer than the rounding.
     check_fixture(folder, model, 0.0125, false);
     check_fixture(folder, infer::load_model(folder / "model.gguf"), 0.0125, false);
-    const infer::CpuKernels chosen = infer::cpu_kernels();
-    std::vector<float> portable;
-    for (infer::CpuKernels kernels : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
-        if (!infer::cpu_supports(kernels)) continue;
-        CAPTURE(infer::cpu_kernels_name(kernels));
-        infer::use_cpu_kernels(kernels);
-        std::vector<float> logits = prefill_logits(model, ids);
-        if (portable.empty()) portable = logits;
-        CHECK(logits == portable);
-    }
-    infer::use_cpu_kernels(chosen);
+    const std::vector<float> portable = logits_on_every_path(model, ids);
     CHECK(portable != widened);  // the switch took effect
     CHECK(chunked_beside_another(model, ids, {3, 4, 5}) == portable);
     const std::string compared = infer::detail::cpu_runs_bf16_avx512() ? "AVX512_BF16 and the portable loop" : "the portable loop only";
