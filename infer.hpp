@@ -127,6 +127,7 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <variant>
@@ -2328,6 +2329,22 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 }
 
+// The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
+// block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
+// token, block's first row, block's end) computes one tile against one block.
+template <int C, class Tile>
+inline void for_each_block_and_tile(size_t row_bytes, int T, size_t row_begin, size_t row_end, Tile tile) {
+    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
+    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
+        const size_t block_end = std::min(row_end, block + rows_per_block);
+        int t = 0;
+        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end);
+        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end);
+        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end);
+        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end);
+    }
+}
+
 // Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ, one thread's share; w's rows are row_bytes apart.
 // The rows go in blocks of about 256 KB, which stay in L2 while every tile of C tokens passes over them; a tile's
 // activations (C × K floats) stay in L1 while the block's rows pass under it. So each weight byte comes from memory
@@ -2336,16 +2353,10 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 template <CpuKernels path, DType dtype>
 inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_t N, const float* x, int T, float* out,
                      size_t row_begin, size_t row_end) {
-    constexpr int C = tile_tokens<path>;
-    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
-    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
-        const size_t block_end = std::min(row_end, block + rows_per_block);
-        int t = 0;
-        for (; t + C <= T; t += C) token_tile<path, dtype, C>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        for (; t + 4 <= T; t += 4) token_tile<path, dtype, 4>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        for (; t + 2 <= T; t += 2) token_tile<path, dtype, 2>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        if (t < T) token_tile<path, dtype, 1>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-    }
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end) {
+        token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+    };
+    for_each_block_and_tile<tile_tokens<path>>(row_bytes, T, row_begin, row_end, tile);
 }
 
 template <DType dtype>
@@ -2368,20 +2379,19 @@ inline uint16_t bf16_bits_at(const std::byte* row, size_t k) {
     std::memcpy(&half, row + k * 2, 2);
     return half;
 }
-inline float bf16_flushed(uint16_t half) { return bf16_to_f32((half & 0x7F80) == 0 ? half & 0x8000 : half); }
+// A bf16 value with a zero exponent (zero or subnormal) becomes a zero of its sign, as vdpbf16ps reads its inputs.
+inline uint16_t bf16_flush_subnormal(uint16_t half) { return (half & 0x7F80) == 0 ? half & 0x8000 : half; }
+inline float bf16_flushed(uint16_t half) { return bf16_to_f32(bf16_flush_subnormal(half)); }
 
 // x[T, K] rounded to bf16, subnormals to zero: the activations of the bf16 products, once per matmul call.
 inline void round_activations_to_bf16(const float* x, size_t count, AlignedVector<uint16_t>& out) {
     out.resize(count);
-    for (size_t i = 0; i < count; ++i) {
-        const uint16_t half = f32_to_bf16(x[i]);
-        out[i] = (half & 0x7F80) == 0 ? half & 0x8000 : half;
-    }
+    for (size_t i = 0; i < count; ++i) out[i] = bf16_flush_subnormal(f32_to_bf16(x[i]));
 }
 
 // The last K % 32 columns of a bf16 product, in order, added to the folded sum.
 inline float finish_bf16_dot(const std::byte* row, const uint16_t* x, size_t K32, size_t K, float sum) {
-    for (size_t k = K32; k < K; ++k) sum = std::fma(bf16_to_f32(bf16_bits_at(row, k)), bf16_to_f32(x[k]), sum);
+    for (size_t k = K32; k < K; ++k) sum = std::fma(weight_at<DType::BF16>(row, k), bf16_to_f32(x[k]), sum);
     return sum;
 }
 
@@ -2437,15 +2447,10 @@ inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K
                              float* out, size_t row_begin, size_t row_end) {
     const bool avx512 = path == CpuKernels::Avx512 && cpu_runs_bf16_avx512();
     const size_t row_bytes = K * 2;
-    const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
-    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
-        const size_t block_end = std::min(row_end, block + rows_per_block);
-        int t = 0;
-        for (; t + 8 <= T; t += 8) bf16_token_tile<8>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        for (; t + 4 <= T; t += 4) bf16_token_tile<4>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        for (; t + 2 <= T; t += 2) bf16_token_tile<2>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-        if (t < T) bf16_token_tile<1>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
-    }
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end) {
+        bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+    };
+    for_each_block_and_tile<8>(row_bytes, T, row_begin, row_end, tile);
 }
 
 // Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
@@ -2485,12 +2490,15 @@ inline float softmax_exp(float x) {
 #endif
 
 // s[j] = softmax_exp(s[j] − max) for j < count: a chunk's weights for one query (eight at a time in the SIMD paths).
+inline void softmax_exp_rows_portable(float* s, int count, float max) {
+    for (int j = 0; j < count; ++j) s[j] = softmax_exp(s[j] - max);
+}
 template <CpuKernels path>
 inline void softmax_exp_rows(float* s, int count, float max) {
 #ifdef INFER_X86_KERNELS
     if constexpr (path != CpuKernels::Portable) return softmax_exp_rows_avx2(s, count, max);
 #endif
-    for (int j = 0; j < count; ++j) s[j] = softmax_exp(s[j] - max);
+    softmax_exp_rows_portable(s, count, max);
 }
 
 // Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
@@ -8229,7 +8237,7 @@ template <int C>
         const __m256 value = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent_step));
         _mm256_storeu_ps(s + j, _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(cutoff), _CMP_LT_OQ), value));
     }
-    for (; j < count; ++j) s[j] = softmax_exp(s[j] - max);
+    softmax_exp_rows_portable(s + j, count - j, max);
 }
 
 // Up to 64 elements of the sum at a time, in eight registers across the rows: eight independent FMA chains, and
