@@ -2292,6 +2292,14 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
     }
 }
 
+// Bytes a kernel requests from memory while it computes (a hint: no effect on any result). The AVX-512 tiles read
+// several rows at once, streams the hardware prefetchers follow poorly, so they ask for the next block themselves as
+// they go; the kernels that read one row at a time leave it to the hardware.
+struct Prefetch {
+    const std::byte* begin = nullptr;
+    size_t bytes = 0;
+};
+
 #ifdef INFER_X86_KERNELS
 // (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
 template <DType dtype, int C>
@@ -2300,7 +2308,7 @@ template <DType dtype, int C>
 template <DType dtype, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
                                                                              size_t rows, const float* x, size_t K, float* out,
-                                                                             size_t N);
+                                                                             size_t N, Prefetch ahead);
 #endif
 
 // Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
@@ -2314,7 +2322,7 @@ constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 // C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C.
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
-                       size_t row_begin, size_t row_end) {
+                       size_t row_begin, size_t row_end, Prefetch ahead) {
     weights += row_begin * row_bytes;
     out += row_begin;
     const size_t rows = row_end - row_begin;
@@ -2323,25 +2331,34 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     // weights' bytes: one row at a time (one stream), in AVX2, whose two halves per sum give one row twice the
     // independent FMA chains an AVX-512 register would (same bits either way).
     if constexpr (path == CpuKernels::Avx512 && C == tile_tokens<path>)
-        return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+        return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif
+    (void)ahead;
     tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 }
 
 // The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
-// token, block's first row, block's end) computes one tile against one block.
+// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is the tile's share of
+// the next block (in proportion to its tokens), for the kernel to request from memory while it computes.
 template <int C, class Tile>
-inline void for_each_block_and_tile(size_t row_bytes, int T, size_t row_begin, size_t row_end, Tile tile) {
+inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
+                                    Tile tile) {
     const size_t rows_per_block = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
     for (size_t block = row_begin; block < row_end; block += rows_per_block) {
         const size_t block_end = std::min(row_end, block + rows_per_block);
+        const std::byte* next = weights + block_end * row_bytes;
+        const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
+        const auto share = [&](int first, int tokens) {
+            const size_t begin = next_bytes * first / T, end = next_bytes * (first + tokens) / T;
+            return Prefetch{next + begin, end - begin};
+        };
         int t = 0;
-        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end);
-        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end);
-        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end);
-        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end);
+        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, share(t, C));
+        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, share(t, 4));
+        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, share(t, 2));
+        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, share(t, 1));
     }
 }
 
@@ -2353,10 +2370,10 @@ inline void for_each_block_and_tile(size_t row_bytes, int T, size_t row_begin, s
 template <CpuKernels path, DType dtype>
 inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_t N, const float* x, int T, float* out,
                      size_t row_begin, size_t row_end) {
-    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end) {
-        token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
+        token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
     };
-    for_each_block_and_tile<tile_tokens<path>>(row_bytes, T, row_begin, row_end, tile);
+    for_each_block_and_tile<tile_tokens<path>>(weights, row_bytes, T, row_begin, row_end, tile);
 }
 
 template <DType dtype>
@@ -2423,20 +2440,21 @@ template <int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
                                                                                             size_t row_bytes, size_t rows,
                                                                                             const uint16_t* x, size_t K,
-                                                                                            float* out, size_t N);
+                                                                                            float* out, size_t N,
+                                                                                            Prefetch ahead);
 #else
 inline bool cpu_runs_bf16_avx512() { return false; }
 #endif
 
 template <int C>
 inline void bf16_token_tile(bool avx512, const std::byte* weights, size_t row_bytes, const uint16_t* x, size_t K,
-                            float* out, size_t N, size_t row_begin, size_t row_end) {
+                            float* out, size_t N, size_t row_begin, size_t row_end, Prefetch ahead) {
     weights += row_begin * row_bytes;
     out += row_begin;
 #ifdef INFER_X86_KERNELS
-    if (avx512) return bf16_tile_avx512<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
+    if (avx512) return bf16_tile_avx512<C>(weights, row_bytes, row_end - row_begin, x, K, out, N, ahead);
 #endif
-    (void)avx512;
+    (void)avx512, (void)ahead;
     bf16_tile_portable<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
 }
 
@@ -2447,10 +2465,10 @@ inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K
                              float* out, size_t row_begin, size_t row_end) {
     const bool avx512 = path == CpuKernels::Avx512 && cpu_runs_bf16_avx512();
     const size_t row_bytes = K * 2;
-    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end) {
-        bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end);
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
+        bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
     };
-    for_each_block_and_tile<8>(row_bytes, T, row_begin, row_end, tile);
+    for_each_block_and_tile<8>(weights, row_bytes, T, row_begin, row_end, tile);
 }
 
 // Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
@@ -8125,11 +8143,21 @@ template <DType dtype>
     }
 }
 
-// R rows (row_bytes apart) against C tokens: R·C sums in registers.
+// A tile asks for its share of the next block (section 04's Prefetch) at the rate it reads its own rows: in each step
+// (one register's width of columns of R rows) R lines, into L2 where the block will be read from. Row group `group`
+// asks from the share's start + group · group_bytes on; a group that starts past the share's end asks for nothing (0).
+// An address, not a pointer: the last group's requests may reach past the share (even past the weights), which a
+// hint allows and pointer arithmetic does not.
+inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin), at = begin + group * group_bytes;
+    return at < begin + ahead.bytes ? at : 0;
+}
+
+// R rows (row_bytes apart) against C tokens: R·C sums in registers; and the requests from address `ahead` on.
 template <DType dtype, int R, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void rows_avx512(const std::byte* row, size_t row_bytes,
                                                                                     const float* x, size_t K, float* out,
-                                                                                    size_t N) {
+                                                                                    size_t N, uintptr_t ahead) {
     const size_t K16 = K / 16 * 16;
     __m512 sums[R][C];  // all sixteen lanes of each sum
 #pragma GCC unroll 8
@@ -8137,12 +8165,18 @@ template <DType dtype, int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K16; k += 16) {
+        if (ahead != 0)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + (k / 16 * R + r) * 64), _MM_HINT_T1);
         __m512 w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-            const __m512 xv = _mm512_loadu_ps(x + c * K + k);
+            __m512 xv = _mm512_loadu_ps(x + c * K + k);
+            // An empty statement that claims to change xv: without it GCC folds the load into each of the R
+            // multiply-adds, reading every activation R times, and the loads then bound the loop (a fifth slower).
+            __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) sums[r][c] = _mm512_fmadd_ps(w[r], xv, sums[r][c]);
         }
@@ -8159,11 +8193,14 @@ template <DType dtype, int R, int C>
 template <DType dtype, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
                                                                              size_t rows, const float* x, size_t K, float* out,
-                                                                             size_t N) {
+                                                                             size_t N, Prefetch ahead) {
     constexpr int R = 3;  // 3 × 8 sums + 3 weights + 1 activation of the 32 registers: each activation load serves 3 rows
+    const size_t group_bytes = K / 16 * R * 64;
     size_t n = 0;
-    for (; n + R <= rows; n += R) rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
-    for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+    for (; n + R <= rows; n += R)
+        rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N,
+                                 group_requests(ahead, n / R, group_bytes));
+    for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, 0);
 }
 
 // The bf16 products (section 04) with vdpbf16ps: each instruction adds, in every one of 16 lanes, the product of the
@@ -8179,7 +8216,7 @@ template <int R, int C>
                                                                                                    size_t row_bytes,
                                                                                                    const uint16_t* x,
                                                                                                    size_t K, float* out,
-                                                                                                   size_t N) {
+                                                                                                   size_t N, uintptr_t ahead) {
     const size_t K32 = K / 32 * 32;
     __m512 sums[R][C];
 #pragma GCC unroll 8
@@ -8187,6 +8224,9 @@ template <int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K32; k += 32) {
+        if (ahead != 0)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + (k / 32 * R + r) * 64), _MM_HINT_T1);
         __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
@@ -8210,14 +8250,17 @@ template <int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
                                                                                             size_t row_bytes, size_t rows,
                                                                                             const uint16_t* x, size_t K,
-                                                                                            float* out, size_t N) {
+                                                                                            float* out, size_t N,
+                                                                                            Prefetch ahead) {
     // 3 rows × 8 tokens of sums + 3 weights + 1 activation of the 32 registers, as the float tile. Fewer tokens take 4
     // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
     // below the memory's rate.
     constexpr int R = C == 8 ? 3 : 4;
+    const size_t group_bytes = K / 32 * R * 64;
     size_t n = 0;
-    for (; n + R <= rows; n += R) bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
-    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N);
+    for (; n + R <= rows; n += R)
+        bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, group_requests(ahead, n / R, group_bytes));
+    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, 0);
 }
 
 // softmax_exp's operations on eight lanes; the last count % 8 weights in its scalar form.
