@@ -5,6 +5,8 @@
         [-n 64] [-r 3] MODEL.gguf [MODEL.gguf ...]
     scripts/compare_llama_cpp.py --node-llama-cpp DIR ...    (llama.cpp through its Node binding, see below)
     scripts/compare_llama_cpp.py --bf16-activations ...      (infer with llama.cpp's arithmetic for BF16 weights)
+    scripts/compare_llama_cpp.py --sequences 16 --llama-batched-bench PATH/llama-batched-bench [...] MODEL.gguf ...
+    scripts/compare_llama_cpp.py --sequences 16 --node-llama-cpp DIR [...] MODEL.gguf ...
 
 For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
 tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
@@ -15,6 +17,11 @@ the ratio holds even where the absolute figures drift. llama.cpp is not part of 
 give the path of its llama-bench. Where it cannot be built, --node-llama-cpp DIR measures the llama.cpp that the
 node-llama-cpp package ships prebuilt (run `npm install node-llama-cpp` in DIR): scripts/llama_cpp_node_bench.mjs
 times the same prompt ids in one batch, then greedy generation one token at a time, best of R runs.
+
+With --sequences S it measures the aggregate decode rate of S sequences decoding together instead: llama.cpp's
+`llama-batched-bench -npp P -ntg N -npl S` (its S_TG: S × N generated tokens over their time) or, through the Node
+binding, scripts/llama_cpp_node_batched.mjs; and `infer bench engine --batch S --input-len P --output-len N`, whose
+mean time per output token (TPOT) gives S / TPOT tokens/s. Best of R runs each.
 """
 import argparse
 import json
@@ -54,6 +61,54 @@ def node_llama_cpp(folder, model, threads, prompt, generate, repeats):
     return record["prefill_tokens_per_second"], record["decode_tokens_per_second"]
 
 
+def llama_batched_bench(binary, model, threads, sequences, prompt, generate, repeats):
+    command = [binary, "-m", model, "-t", str(threads), "-c", str(sequences * (prompt + generate) + 64), "-b", "2048",
+               "-ub", "512", "-npp", str(prompt), "-ntg", str(generate), "-npl", str(sequences), "--output-format",
+               "jsonl"]
+    best = 0.0
+    for _ in range(repeats):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        lines = [line for line in (done.stdout + "\n" + done.stderr).splitlines() if '"speed_tg"' in line]
+        if not lines:
+            sys.exit(f"llama-batched-bench printed no JSON line with speed_tg; its output ended: {done.stdout[-300:]!r}")
+        best = max(best, json.loads(lines[-1][lines[-1].index("{"):])["speed_tg"])
+    return best
+
+
+def node_llama_cpp_batched(folder, model, threads, sequences, prompt, generate, repeats):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_cpp_node_batched.mjs")
+    command = ["node", script, folder, model, str(sequences), str(prompt), str(generate), str(threads)]
+    best = 0.0
+    for _ in range(repeats):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        try:
+            best = max(best, json.loads(done.stdout.strip().splitlines()[-1])["decode_tokens_per_second"])
+        except (json.JSONDecodeError, IndexError, KeyError) as error:
+            sys.exit(f"llama_cpp_node_batched.mjs printed no JSON ({error}); its output began: {done.stdout[:200]!r}")
+    return best
+
+
+def infer_engine(binary, model, threads, sequences, prompt, generate, repeats, bf16_activations):
+    command = [binary, "bench", "engine", "-m", model, "-t", str(threads), "--batch", str(sequences), "--input-len",
+               str(prompt), "--output-len", str(generate)]
+    environment = dict(os.environ, INFER_BF16_ACTIVATIONS="1" if bf16_activations else "0")
+    best = 0.0
+    for _ in range(repeats):
+        done = subprocess.run(command, capture_output=True, text=True, env=environment)
+        if done.returncode != 0:
+            sys.exit(f"infer bench engine failed on {model} ({done.returncode}):\n{done.stderr[-2000:]}")
+        rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+                for line in done.stdout.splitlines() if line.startswith("|")]
+        if len(rows) < 3 or "TPOT mean ms" not in rows[0]:
+            sys.exit(f"infer bench engine printed no table with a TPOT column for {model}:\n{done.stdout[-2000:]}")
+        best = max(best, sequences * 1000.0 / float(rows[2][rows[0].index("TPOT mean ms")]))
+    return best
+
+
 def infer_generate(binary, model, threads, prompt, generate, repeats, extra):
     ids = ",".join(str(3 + (i * 37) % 250) for i in range(prompt))  # valid in any vocabulary of 253 ids or more
     command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
@@ -78,6 +133,7 @@ def main():
     baseline = parser.add_mutually_exclusive_group(required=True)
     baseline.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
     baseline.add_argument("--node-llama-cpp", metavar="DIR", help="a folder where `npm install node-llama-cpp` was run")
+    baseline.add_argument("--llama-batched-bench", help="path of llama.cpp's llama-batched-bench (with --sequences)")
     parser.add_argument("--infer", default="build/infer", help="path of the infer program (default: build/infer)")
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("-p", "--prompt", default="128", help="prompt tokens (llama-bench's pp), a comma-separated list")
@@ -85,7 +141,15 @@ def main():
     parser.add_argument("-r", "--repeats", type=int, default=3)
     parser.add_argument("--bf16-activations", action="store_true",
                         help="infer multiplies BF16 weights by activations rounded to bf16, as llama.cpp does")
+    parser.add_argument("--sequences", type=int, metavar="S",
+                        help="measure the aggregate decode rate of S sequences decoding together instead")
     options = parser.parse_args()
+    if options.sequences is not None and options.sequences < 1:
+        sys.exit(f"--sequences: expected a positive count, got {options.sequences}")
+    if options.llama_batched_bench and options.sequences is None:
+        sys.exit("--llama-batched-bench measures with --sequences S only")
+    if options.sequences is not None and options.llama_bench:
+        sys.exit("--sequences needs --llama-batched-bench or --node-llama-cpp, not llama-bench")
 
     try:
         prompts = [int(p) for p in options.prompt.split(",")]
@@ -94,6 +158,8 @@ def main():
     if any(p < 1 for p in prompts):
         sys.exit(f"-p: prompt lengths must be positive, got {options.prompt!r}")
 
+    if options.sequences is not None:
+        return compare_sequences(options, prompts)
     print(f"{options.threads} threads, {options.generate} generated; tokens/s")
     header = (f"{'model':40} {'prompt':>6} {'prefill llama.cpp':>18} {'infer':>9} {'ratio':>7} "
               f"{'decode llama.cpp':>17} {'infer':>9} {'ratio':>7}  infer ran on")
@@ -111,6 +177,24 @@ def main():
             name = model if len(model) <= 40 else "..." + model[-37:]
             print(f"{name:40} {prompt:6} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
                   f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x  {ours[2]}", flush=True)
+
+
+def compare_sequences(options, prompts):
+    print(f"{options.sequences} sequences decoding together, {options.threads} threads, {options.generate} generated "
+          f"each; aggregate decode tokens/s")
+    header = f"{'model':40} {'prompt':>6} {'llama.cpp':>10} {'infer':>9} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for model in options.models:
+        for prompt in prompts:
+            arguments = (model, options.threads, options.sequences, prompt, options.generate, options.repeats)
+            if options.llama_batched_bench:
+                theirs = llama_batched_bench(options.llama_batched_bench, *arguments)
+            else:
+                theirs = node_llama_cpp_batched(options.node_llama_cpp, *arguments)
+            ours = infer_engine(options.infer, *arguments, options.bf16_activations)
+            name = model if len(model) <= 40 else "..." + model[-37:]
+            print(f"{name:40} {prompt:6} {theirs:10.1f} {ours:9.1f} {ours / theirs:6.2f}x", flush=True)
 
 
 if __name__ == "__main__":
