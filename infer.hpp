@@ -8256,6 +8256,9 @@ template <int C>
     // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
     // below the memory's rate.
     constexpr int R = C == 8 ? 3 : 4;
+    // Only the full tile asks for the next block: below it the four rows stream fast enough on their own (with one or
+    // two tokens the requests measured slower, with four the same).
+    if (C < 8) ahead = Prefetch{};
     const size_t group_bytes = K / 32 * R * 64;
     size_t n = 0;
     for (; n + R <= rows; n += R)
