@@ -2292,9 +2292,10 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
     }
 }
 
-// Bytes a kernel requests from memory while it computes (a hint: no effect on any result). The AVX-512 tiles read
-// several rows at once, streams the hardware prefetchers follow poorly, so they ask for the next block themselves as
-// they go; the kernels that read one row at a time leave it to the hardware.
+// Bytes a kernel requests from memory while it computes (a hint: no effect on any result). A full AVX-512 tile reads
+// several rows at once, streams the hardware prefetchers follow poorly, so it asks for the next block itself as it
+// goes; the smaller tiles read streams the hardware keeps up with (asking there measured the same with four tokens,
+// slower with one or two), and are given nothing to ask for.
 struct Prefetch {
     const std::byte* begin = nullptr;
     size_t bytes = 0;
@@ -2340,8 +2341,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 
 // The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
-// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is the tile's share of
-// the next block (in proportion to its tokens), for the kernel to request from memory while it computes.
+// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is a full tile's share
+// of the next block (the full tiles split it evenly; the smaller ones get none), for the kernel to request from
+// memory while it computes.
 template <int C, class Tile>
 inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
                                     Tile tile) {
@@ -2350,15 +2352,16 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         const size_t block_end = std::min(row_end, block + rows_per_block);
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
-        const auto share = [&](int first, int tokens) {
-            const size_t begin = next_bytes * first / T, end = next_bytes * (first + tokens) / T;
+        const int full_tiles = T / C;
+        const auto share = [&](int full_tile) {
+            const size_t begin = next_bytes * full_tile / full_tiles, end = next_bytes * (full_tile + 1) / full_tiles;
             return Prefetch{next + begin, end - begin};
         };
         int t = 0;
-        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, share(t, C));
-        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, share(t, 4));
-        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, share(t, 2));
-        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, share(t, 1));
+        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, share(t / C));
+        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, Prefetch{});
+        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, Prefetch{});
+        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, Prefetch{});
     }
 }
 
@@ -8165,6 +8168,7 @@ template <DType dtype, int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K16; k += 16) {
+        // Written out in each kernel: GCC 12 dropped them from a small template helper (seen in its output).
         if (ahead != 0)
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + (k / 16 * R + r) * 64), _MM_HINT_T1);
@@ -8256,9 +8260,6 @@ template <int C>
     // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
     // below the memory's rate.
     constexpr int R = C == 8 ? 3 : 4;
-    // Only the full tile asks for the next block: below it the four rows stream fast enough on their own (with one or
-    // two tokens the requests measured slower, with four the same).
-    if (C < 8) ahead = Prefetch{};
     const size_t group_bytes = K / 32 * R * 64;
     size_t n = 0;
     for (; n + R <= rows; n += R)
