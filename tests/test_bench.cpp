@@ -450,6 +450,18 @@ TEST_CASE("bench engine and the roofline run on a small model") {
         CHECK(r.itl.size() == 4);
         CHECK(r.ttft <= r.latency);
     }
+    // A 16-bit KV cache (the type llama.cpp's benchmarks keep) runs the same requests to the same lengths.
+    bench::EngineRun half = bench::run_engine(model, pool, 2, 8, 3, 0, 512, {}, infer::DType::F16);
+    REQUIRE(half.records.size() == 2);
+    for (const bench::RequestRecord& r : half.records) CHECK(r.output_tokens == 3);
+    const std::string stories = (test::shared_dir() / "models" / "stories260K" / "stories260K.gguf").string();
+    test::ProgramRun cli = test::run_infer({"bench", "engine", "-m", stories, "--batch", "2", "--input-len", "4",
+                                            "--output-len", "3", "-t", "1", "--cache-type", "bf16"});
+    CHECK(cli.exit_code == 0);
+    CHECK(cli.out.find("KV cache BF16") != std::string::npos);
+    cli = test::run_infer({"bench", "engine", "-m", stories, "--cache-type", "q4"});
+    CHECK(cli.exit_code == 1);
+    CHECK(cli.err.find("--cache-type") != std::string::npos);
     // The cost model: one decode token of a 260K-parameter model is 2 FLOPs per matrix weight plus attention.
     bench::ForwardCost cost = bench::forward_cost(model, {0}, 1, 1);
     const infer::ModelConfig& c = model.config;

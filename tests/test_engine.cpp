@@ -122,14 +122,18 @@ TEST_CASE("the static policy gives the same ids, one batch at a time") {
     REQUIRE_SHARED_OR_SKIP();
     infer::ThreadPool pool(2);
     const auto prompts = mixed_prompts(5, stories().config.vocab_size, 3);
-    infer::EngineConfig c = config(16, 8, 2);
-    c.scheduler.policy = infer::SchedulePolicy::Static;
-    infer::Engine engine(stories(), pool, c);
-    auto results = engine.generate(prompts, greedy(20));
-    for (size_t i = 0; i < prompts.size(); ++i) CHECK(results[i].generated_ids == alone(pool, prompts[i], greedy(20)));
-    // Never more than max_seqs sequences in a step.
-    for (const infer::StepStats& s : engine.steps()) CHECK(s.sequences <= 2);
-    check_pool_idle(engine);
+    for (bool touched : {false, true}) {  // a pool written over at the start (KVCache::touch) changes nothing
+        CAPTURE(touched);
+        infer::EngineConfig c = config(16, 8, 2);
+        c.scheduler.policy = infer::SchedulePolicy::Static;
+        c.touch_kv_pool = touched;
+        infer::Engine engine(stories(), pool, c);
+        auto results = engine.generate(prompts, greedy(20));
+        for (size_t i = 0; i < prompts.size(); ++i) CHECK(results[i].generated_ids == alone(pool, prompts[i], greedy(20)));
+        // Never more than max_seqs sequences in a step.
+        for (const infer::StepStats& s : engine.steps()) CHECK(s.sequences <= 2);
+        check_pool_idle(engine);
+    }
 }
 
 TEST_CASE("prefix cache: a repeated prompt hits the cache and gives the same output") {

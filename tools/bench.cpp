@@ -7,7 +7,7 @@
 //                     [--slo ttft:MS,tpot:MS,e2e:MS] [--json FILE] [--svg DIR] [--model NAME] [--tokenizer PATH]
 //                     [--vocab-size V] [--endpoint PATH] [--timeout S] [--no-progress]
 //   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--svg DIR]
-//                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
+//                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N] [--cache-type f32|f16|bf16]
 //   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context C] [--repeats N]
 //                        [--bandwidth-mib M] [-t N] [--svg DIR]
 //
@@ -58,6 +58,7 @@ const char* bench_usage = R"(usage:
       --no-progress       no progress bar on stderr
   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--seed S] [--svg DIR]
                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
+                     [--cache-type f32|f16|bf16]
                                             the engine in process: throughput and latency per configuration;
                                             with --spec also the share of guesses kept and tokens per verifying step
   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context 32] [--repeats 3]
@@ -86,13 +87,15 @@ int run_engine_bench(const CommandLine& options) {
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
     infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
     const infer::SpecConfig spec = spec_config(options);
+    const infer::DType kv_dtype = cache_type(options);
     infer::ThreadPool pool(threads_option(options));
     for (int i : inputs)
         for (int o : outputs)
             if (i + o > model.config.context_length)
                 infer::fail("--input-len ", i, " + --output-len ", o, " exceed the model's context of ",
                                     model.config.context_length, " tokens");
-    std::printf("engine benchmark: %s, %d threads, greedy, ignore_eos, all requests added at once", model.source.c_str(), pool.size());
+    std::printf("engine benchmark: %s, %d threads, greedy, ignore_eos, all requests added at once, KV cache %s",
+                model.source.c_str(), pool.size(), infer::dtype_name(kv_dtype));
     if (spec.enabled())
         std::printf(", speculative %s k %d%s", infer::spec_method_name(spec.method), spec.k,
                     spec.draft_model ? (" (draft " + spec.draft_model->source + ")").c_str() : "");
@@ -101,11 +104,11 @@ int run_engine_bench(const CommandLine& options) {
                 "|------:|------:|-------:|--------:|-------------:|------------:|-------------:|------------:"
                 "|-------------:|------------:|-----------:|------------:|%s\n",
                 spec.enabled() ? " accepted | tokens/step |" : "", spec.enabled() ? "---------:|------------:|" : "");
-    bench::run_engine(model, pool, 1, std::min(inputs[0], 8), 2, seed, 512, spec);  // pages the weights in
+    bench::run_engine(model, pool, 1, std::min(inputs[0], 8), 2, seed, 512, spec, kv_dtype);  // pages the weights in
     for (int i : inputs)
         for (int o : outputs)
             for (int b : batches) {
-                bench::EngineRun run = bench::run_engine(model, pool, b, i, o, seed, 512, spec);
+                bench::EngineRun run = bench::run_engine(model, pool, b, i, o, seed, 512, spec, kv_dtype);
                 bench::Metrics m = bench::compute_metrics(run.records, run.seconds);
                 std::printf("| %5d | %5d | %6d | %7.3f | %12.1f | %11.1f | %12.2f | %11.2f | %12.3f | %11.3f | %10.3f | %11.2f |",
                             b, i, o, run.seconds, m.output_throughput, m.total_token_throughput, m.ttft_ms.mean,
@@ -561,7 +564,7 @@ int run_bench(int argc, char** argv) {
     if (what == "engine")
         return run_engine_bench(CommandLine(argc, argv, 3,
             {"-m", "--tokenizer", "--batch", "--input-len", "--output-len", "-t", "--seed", "--svg", "--spec", "--draft-model",
-             "--spec-k", "--spec-ngram"}, {}, bench_usage));
+             "--spec-k", "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"}, {}, bench_usage));
     if (what == "roofline")
         return run_roofline_bench(CommandLine(argc, argv, 3,
             {"-m", "--tokenizer", "--prefill", "--decode-batch", "--context", "--repeats", "--bandwidth-mib", "-t", "--svg"},

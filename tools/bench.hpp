@@ -1057,13 +1057,16 @@ struct EngineRun {
 };
 
 inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, int batch, int input_len, int output_len,
-                            uint64_t seed = 0, int max_batch_tokens = 512, const infer::SpecConfig& spec = {}) {
+                            uint64_t seed = 0, int max_batch_tokens = 512, const infer::SpecConfig& spec = {},
+                            infer::DType kv_dtype = infer::DType::F32) {
     infer::EngineConfig config;
     config.spec = spec;
+    config.kv_dtype = kv_dtype;
     config.scheduler.max_seqs = std::max(batch, 1);
     config.scheduler.max_batch_tokens = std::max(max_batch_tokens, batch);
     config.num_blocks = batch * ((input_len + output_len + 15) / 16) + 1;
     config.prefix_caching = false;  // random prompts share nothing; keep the cache's bookkeeping out of the figures
+    config.touch_kv_pool = true;    // the pool's page faults before the clock starts, as llama.cpp's benchmarks have them
     infer::Engine engine(model, pool, config);
     infer::SamplingParams params;
     params.temperature = 0;
