@@ -22,6 +22,10 @@ With --sequences S it measures the aggregate decode rate of S sequences decoding
 `llama-batched-bench -npp P -ntg N -npl S` (its S_TG: S × N generated tokens over their time) or, through the Node
 binding, scripts/llama_cpp_node_batched.mjs; and `infer bench engine --batch S --input-len P --output-len N`, whose
 mean time per output token (TPOT) gives S / TPOT tokens/s. Best of R runs each.
+
+Both engines keep the KV cache in the same type: --cache-type (default f16, llama.cpp's own default) goes to
+llama.cpp's tools as -ctk/-ctv and to infer as --cache-type (whose default is f32). The Node binding keeps its
+default, f16, so --node-llama-cpp takes no other.
 """
 import argparse
 import json
@@ -31,9 +35,9 @@ import subprocess
 import sys
 
 
-def llama_bench(binary, model, threads, prompt, generate, repeats):
+def llama_bench(binary, model, threads, prompt, generate, repeats, cache_type):
     command = [binary, "-m", model, "-t", str(threads), "-p", str(prompt), "-n", str(generate), "-r", str(repeats),
-               "-o", "json"]
+               "-ctk", cache_type, "-ctv", cache_type, "-o", "json"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -61,10 +65,10 @@ def node_llama_cpp(folder, model, threads, prompt, generate, repeats):
     return record["prefill_tokens_per_second"], record["decode_tokens_per_second"]
 
 
-def llama_batched_bench(binary, model, threads, sequences, prompt, generate, repeats):
+def llama_batched_bench(binary, model, threads, sequences, prompt, generate, repeats, cache_type):
     command = [binary, "-m", model, "-t", str(threads), "-c", str(sequences * (prompt + generate) + 64), "-b", "2048",
-               "-ub", "512", "-npp", str(prompt), "-ntg", str(generate), "-npl", str(sequences), "--output-format",
-               "jsonl"]
+               "-ub", "512", "-npp", str(prompt), "-ntg", str(generate), "-npl", str(sequences), "-ctk", cache_type,
+               "-ctv", cache_type, "--output-format", "jsonl"]
     best = 0.0
     for _ in range(repeats):
         done = subprocess.run(command, capture_output=True, text=True)
@@ -77,7 +81,7 @@ def llama_batched_bench(binary, model, threads, sequences, prompt, generate, rep
     return best
 
 
-def node_llama_cpp_batched(folder, model, threads, sequences, prompt, generate, repeats):
+def node_llama_cpp_batched(folder, model, threads, sequences, prompt, generate, repeats, cache_type):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_cpp_node_batched.mjs")
     command = ["node", script, folder, model, str(sequences), str(prompt), str(generate), str(threads)]
     best = 0.0
@@ -92,9 +96,9 @@ def node_llama_cpp_batched(folder, model, threads, sequences, prompt, generate, 
     return best
 
 
-def infer_engine(binary, model, threads, sequences, prompt, generate, repeats, bf16_activations):
+def infer_engine(binary, model, threads, sequences, prompt, generate, repeats, cache_type, bf16_activations):
     command = [binary, "bench", "engine", "-m", model, "-t", str(threads), "--batch", str(sequences), "--input-len",
-               str(prompt), "--output-len", str(generate)]
+               str(prompt), "--output-len", str(generate), "--cache-type", cache_type]
     environment = dict(os.environ, INFER_BF16_ACTIVATIONS="1" if bf16_activations else "0")
     best = 0.0
     for _ in range(repeats):
@@ -143,7 +147,11 @@ def main():
                         help="infer multiplies BF16 weights by activations rounded to bf16, as llama.cpp does")
     parser.add_argument("--sequences", type=int, metavar="S",
                         help="measure the aggregate decode rate of S sequences decoding together instead")
+    parser.add_argument("--cache-type", choices=["f16", "bf16", "f32"], default="f16",
+                        help="the KV cache's type in both engines (default f16, llama.cpp's default)")
     options = parser.parse_args()
+    if options.node_llama_cpp and options.cache_type != "f16":
+        sys.exit(f"--cache-type {options.cache_type}: the Node binding keeps its default f16 cache; use llama.cpp's tools")
     if options.sequences is not None and options.sequences < 1:
         sys.exit(f"--sequences: expected a positive count, got {options.sequences}")
     if options.llama_batched_bench and options.sequences is None:
@@ -160,7 +168,7 @@ def main():
 
     if options.sequences is not None:
         return compare_sequences(options, prompts)
-    print(f"{options.threads} threads, {options.generate} generated; tokens/s")
+    print(f"{options.threads} threads, {options.generate} generated, KV cache {options.cache_type}; tokens/s")
     header = (f"{'model':40} {'prompt':>6} {'prefill llama.cpp':>18} {'infer':>9} {'ratio':>7} "
               f"{'decode llama.cpp':>17} {'infer':>9} {'ratio':>7}  infer ran on")
     print(header)
@@ -168,12 +176,14 @@ def main():
     for model in options.models:
         for prompt in prompts:
             if options.llama_bench:
-                theirs = llama_bench(options.llama_bench, model, options.threads, prompt, options.generate, options.repeats)
+                theirs = llama_bench(options.llama_bench, model, options.threads, prompt, options.generate, options.repeats,
+                                     options.cache_type)
             else:
                 theirs = node_llama_cpp(options.node_llama_cpp, model, options.threads, prompt, options.generate,
                                         options.repeats)
             ours = infer_generate(options.infer, model, options.threads, prompt, options.generate, options.repeats,
-                                  ["--bf16-activations"] if options.bf16_activations else [])
+                                  ["--cache-type", options.cache_type] +
+                                  (["--bf16-activations"] if options.bf16_activations else []))
             name = model if len(model) <= 40 else "..." + model[-37:]
             print(f"{name:40} {prompt:6} {theirs[0]:18.1f} {ours[0]:9.1f} {ours[0] / theirs[0]:6.2f}x "
                   f"{theirs[1]:17.1f} {ours[1]:9.1f} {ours[1] / theirs[1]:6.2f}x  {ours[2]}", flush=True)
@@ -181,13 +191,14 @@ def main():
 
 def compare_sequences(options, prompts):
     print(f"{options.sequences} sequences decoding together, {options.threads} threads, {options.generate} generated "
-          f"each; aggregate decode tokens/s")
+          f"each, KV cache {options.cache_type}; aggregate decode tokens/s")
     header = f"{'model':40} {'prompt':>6} {'llama.cpp':>10} {'infer':>9} {'ratio':>7}"
     print(header)
     print("-" * len(header))
     for model in options.models:
         for prompt in prompts:
-            arguments = (model, options.threads, options.sequences, prompt, options.generate, options.repeats)
+            arguments = (model, options.threads, options.sequences, prompt, options.generate, options.repeats,
+                         options.cache_type)
             if options.llama_batched_bench:
                 theirs = llama_batched_bench(options.llama_batched_bench, *arguments)
             else:
