@@ -2416,8 +2416,7 @@ inline uint16_t bf16_flush_subnormal(uint16_t half) { return (half & 0x7F80) == 
 inline float bf16_flushed(uint16_t half) { return bf16_to_f32(bf16_flush_subnormal(half)); }
 
 // x[T, K] rounded to bf16, subnormals to zero: the activations of the bf16 products, once per matmul call.
-inline void round_activations_to_bf16(const float* x, size_t count, AlignedVector<uint16_t>& out) {
-    out.resize(count);
+inline void round_activations_to_bf16(const float* x, size_t count, uint16_t* out) {
     for (size_t i = 0; i < count; ++i) out[i] = bf16_flush_subnormal(f32_to_bf16(x[i]));
 }
 
@@ -2614,6 +2613,8 @@ inline bool has_integer_kernel(DType dtype) {
     }
 }
 inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
+inline void size_quantized_rows(int T, size_t K, int block, QuantizedRows& out);
+inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& out, size_t first_token, size_t end_token);
 inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
 inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
                                 size_t row_end);
@@ -2630,8 +2631,10 @@ struct Product {
 inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
     size_t total_rows = 0;
     for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
-    // The integer kernels' activations, quantized once here for every product and thread that needs them. The buffers
-    // are the calling thread's; the workers reach them through these references (a lambda would name their own).
+    // The activations in the forms the other kernels read (8-bit blocks for the integer kernels, bf16 for the bf16
+    // products), converted once here for every product, each thread converting a share of the tokens (on one thread
+    // this took a tenth of a bf16 prefill, the other threads waiting). The buffers are the calling thread's; the
+    // workers reach them through these references and pointers (a lambda would name their own).
     thread_local QuantizedRows buffer_32, buffer_256;
     QuantizedRows& x_by_32 = buffer_32;
     QuantizedRows& x_by_256 = buffer_256;
@@ -2640,14 +2643,21 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
     bool need_32 = false, need_256 = false;
     for (const Product& p : products)
         if (has_integer_kernel(p.w.dtype)) (activation_block(p.w.dtype) == 32 ? need_32 : need_256) = true;
-    if (need_32) quantize_activations(x, T, K, 32, x_by_32);
-    if (need_256) quantize_activations(x, T, K, 256, x_by_256);
     thread_local AlignedVector<uint16_t> buffer_bf16;  // on 64-byte lines: a load across two runs at half speed
     const AlignedVector<uint16_t>& x_bf16 = buffer_bf16;
     const bool bf16_products = bf16_activations() && std::any_of(products.begin(), products.end(), [](const Product& p) {
         return p.w.dtype == DType::BF16;
     });
-    if (bf16_products) round_activations_to_bf16(x, static_cast<size_t>(T) * K, buffer_bf16);
+    if (need_32) size_quantized_rows(T, K, 32, x_by_32);
+    if (need_256) size_quantized_rows(T, K, 256, x_by_256);
+    if (bf16_products) buffer_bf16.resize(static_cast<size_t>(T) * K);
+    uint16_t* const rounded = buffer_bf16.data();
+    if (need_32 || need_256 || bf16_products)
+        pool.run_sized(static_cast<size_t>(T), static_cast<size_t>(T) * K * 4, [&](size_t begin, size_t end, int) {
+            if (need_32) quantize_activation_rows(x, K, x_by_32, begin, end);
+            if (need_256) quantize_activation_rows(x, K, x_by_256, begin, end);
+            if (bf16_products) round_activations_to_bf16(x + begin * K, (end - begin) * K, rounded + begin * K);
+        });
     auto rows = [&](size_t begin, size_t end, int) {
         size_t first_row = 0;  // of the current product, in the concatenated numbering
         for (const Product& p : products) {
@@ -2682,7 +2692,7 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
             first_row += N;
         }
     };
-    pool.run_sized(total_rows, total_rows * static_cast<size_t>(products.begin()->w.cols()) * static_cast<size_t>(T), rows);
+    pool.run_sized(total_rows, total_rows * K * static_cast<size_t>(T), rows);
 }
 
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
@@ -8718,14 +8728,26 @@ inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const floa
 
 // ---- Integer kernels: quantized activations times quantized weights ----------------------------------------------
 
-inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out) {
+// Sizes `out` for T tokens of K columns in blocks of `block`; quantize_activation_rows then fills any range of tokens
+// (a thread's share), and quantize_activations all of them.
+inline void size_quantized_rows(int T, size_t K, int block, QuantizedRows& out) {
     const size_t blocks = K / static_cast<size_t>(block);
     out.block = block;
     out.q.resize(static_cast<size_t>(T) * K);
     out.d.resize(static_cast<size_t>(T) * blocks);
     out.s.resize(block == 32 ? static_cast<size_t>(T) * blocks : 0);
     out.sums.resize(block == 256 ? static_cast<size_t>(T) * (K / 16) : static_cast<size_t>(T) * blocks);
-    for (size_t b = 0; b < static_cast<size_t>(T) * blocks; ++b) {
+}
+
+inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out) {
+    size_quantized_rows(T, K, block, out);
+    quantize_activation_rows(x, K, out, 0, static_cast<size_t>(T));
+}
+
+inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& out, size_t first_token, size_t end_token) {
+    const int block = out.block;
+    const size_t blocks = K / static_cast<size_t>(block);
+    for (size_t b = first_token * blocks; b < end_token * blocks; ++b) {
         const float* v = x + b * static_cast<size_t>(block);
         int8_t* q = out.q.data() + b * static_cast<size_t>(block);
         if (block == 32) {

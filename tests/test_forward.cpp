@@ -141,8 +141,8 @@ TEST_CASE("bf16 activations: every path gives the definition's bits, with subnor
         std::vector<float> x(T * K);
         for (uint16_t& v : w) v = random() % 50 == 0 ? uint16_t{0x0001} : infer::f32_to_bf16(0.05f * normal(random));  // some subnormal
         for (float& v : x) v = random() % 40 == 0 ? 1e-39f : random() % 40 == 1 ? 1e-20f : normal(random);
-        infer::AlignedVector<uint16_t> rounded;
-        infer::detail::round_activations_to_bf16(x.data(), x.size(), rounded);
+        infer::AlignedVector<uint16_t> rounded(x.size());
+        infer::detail::round_activations_to_bf16(x.data(), x.size(), rounded.data());
         const auto* rows = reinterpret_cast<const std::byte*>(w.data());
 
         // One token at a time on the portable path, against each path with all nine tokens at once.
