@@ -299,7 +299,8 @@ struct CacheLineDelete {
 };
 
 // ---- Thread pool ----------------------------------------------------------------------------------------------------
-// A matmul's rows are split into one contiguous range per thread; the caller runs the first range itself. Decode runs
+// A matmul's rows are split into one contiguous range per thread (or, for prefill-sized batches, into pieces the
+// threads claim as they go); the caller runs the first range itself. Decode runs
 // a few parallel sections per layer, each a fraction of a millisecond, so the hand-off must cost microseconds, not the
 // tens of microseconds a sleeping thread takes to wake: workers spin briefly between sections, then sleep (appendix B
 // has the mechanics). Chapter 07 measures what the cores can do; chapter 01 shows how often decode pays the hand-off.
@@ -334,6 +335,19 @@ public:
     void run_sized(size_t count, size_t work, Body&& body) {
         if (work < min_parallel_work) body(size_t{0}, count, 0);
         else run(count, body);
+    }
+
+    // Like run_sized(), but [0, count) is cut into pieces of `piece` (the last one shorter) that the threads claim one
+    // after another, each calling body(begin, end, thread) once per piece it claims. Fixed equal shares finish
+    // together only while every core runs at the same speed; on a machine where other work takes a core for a while
+    // (a shared host, another program), its thread claims fewer pieces instead of keeping the others waiting.
+    template <class Body>
+    void run_claimed(size_t count, size_t piece, size_t work, Body&& body) {
+        if (work < min_parallel_work) return body(size_t{0}, count, 0);
+        std::atomic<size_t> next{0};
+        run(static_cast<size_t>(size_), [&](size_t, size_t, int thread) {
+            for (size_t begin; (begin = next.fetch_add(piece)) < count;) body(begin, std::min(count, begin + piece), thread);
+        });
     }
     static constexpr size_t min_parallel_work = size_t{1} << 16;
 
@@ -2626,6 +2640,12 @@ struct Product {
     const Tensor* bias = nullptr;
 };
 
+// Batches of at least this many tokens are compute-bound: their matmul rows and attention items go to the threads in
+// pieces that each claims as it finishes the last (ThreadPool::run_claimed), so a core slowed by other work on the
+// machine does less of them. Smaller batches stream the weights, best as one contiguous range per thread (pieces
+// measured up to a fifth slower at decode).
+constexpr int claimed_from = 32;
+
 // Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
 // end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
 inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
@@ -2692,7 +2712,11 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
             first_row += N;
         }
     };
-    pool.run_sized(total_rows, total_rows * K * static_cast<size_t>(T), rows);
+    const size_t work = total_rows * K * static_cast<size_t>(T);
+    if (T < claimed_from) return pool.run_sized(total_rows, work, rows);
+    // About four pieces per thread, each a multiple of 48 rows (whole row groups of every kernel: 3, 4 and 16 rows).
+    const size_t piece = std::max<size_t>(48, (total_rows + 4 * pool.size() * 48 - 1) / (4 * pool.size() * 48) * 48);
+    pool.run_claimed(total_rows, piece, work, rows);
 }
 
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
@@ -2808,9 +2832,11 @@ public:
                     }
                 }
             });
-            pool_.run_sized(attention_items_.size(), attention_work, [&](size_t begin, size_t end, int thread) {
+            auto attend_items = [&](size_t begin, size_t end, int thread) {
                 for (size_t item = begin; item < end; ++item) attend(path, batch, cache, l, item, thread);
-            });
+            };
+            if (T < detail::claimed_from) pool_.run_sized(attention_items_.size(), attention_work, attend_items);
+            else pool_.run_claimed(attention_items_.size(), 1, attention_work, attend_items);  // causal items differ in size
             if (attention_items_.size() + 1 > merge_ranges_.size())  // some token's context spans several chunks
                 pool_.run_sized(merge_ranges_.size() - 1, attention_items_.size() * H / Hkv * Dh, [&](size_t begin, size_t end, int) {
                     for (size_t tile_head = begin; tile_head < end; ++tile_head) merge_chunks(tile_head);

@@ -63,6 +63,25 @@ TEST_CASE("the thread pool covers every index exactly once, repeatedly") {
     }
 }
 
+TEST_CASE("claimed pieces cover every index exactly once, each piece whole, on every thread count") {
+    for (int threads : {1, 2, 3, 8}) {
+        infer::ThreadPool pool(threads);
+        for (size_t count : {size_t{1}, size_t{47}, size_t{48}, size_t{1000}}) {
+            std::vector<std::atomic<int>> hits(count);
+            std::atomic<int> bad_pieces{0}, bad_threads{0};
+            for (int round = 0; round < 20; ++round)
+                pool.run_claimed(count, 48, size_t{1} << 20, [&](size_t begin, size_t end, int thread) {
+                    if (begin % 48 != 0 || (end - begin != 48 && end != count)) bad_pieces++;
+                    if (thread < 0 || thread >= threads) bad_threads++;
+                    for (size_t i = begin; i < end; ++i) hits[i]++;
+                });
+            CHECK(bad_pieces == 0);
+            CHECK(bad_threads == 0);
+            for (size_t i = 0; i < count; ++i) CHECK(hits[i] == 20);
+        }
+    }
+}
+
 TEST_CASE("JSON strings are written escaped, and invalid UTF-8 never reaches the output raw") {
     std::ostringstream out;
     infer::write_json_string(out, "a\"b\\c\nd\x01");
