@@ -11,8 +11,8 @@
 For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
 tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
 prompt of P token ids with N tokens generated, greedy, end-of-sequence ignored, the weights read into memory before
-the clock starts (--no-mmap: no page faults inside the prefill, as llama-bench's warm-up ensures), R times, keeping
-infer's best run. It prints one table: tokens/s of each engine and infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run, so
+the clock starts (--no-mmap) and one untimed pass of the prompt first (--warmup: buffers touched and caches warm, as
+after llama-bench's warm-up), R times, keeping infer's best run. It prints one table: tokens/s of each engine and infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run, so
 the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
 give the path of its llama-bench. Where it cannot be built, --node-llama-cpp DIR measures the llama.cpp that the
 node-llama-cpp package ships prebuilt (run `npm install node-llama-cpp` in DIR): scripts/llama_cpp_node_bench.mjs
@@ -116,7 +116,7 @@ def infer_engine(binary, model, threads, sequences, prompt, generate, repeats, c
 def infer_generate(binary, model, threads, prompt, generate, repeats, extra):
     ids = ",".join(str(3 + (i * 37) % 250) for i in range(prompt))  # valid in any vocabulary of 253 ids or more
     command = [binary, "generate", "-m", model, "-t", str(threads), "--prompt-ids", ids, "-n", str(generate),
-               "--temp", "0", "--ignore-eos", "--no-mmap"] + extra
+               "--temp", "0", "--ignore-eos", "--no-mmap", "--warmup"] + extra
     best_prefill = best_decode = 0.0
     for _ in range(repeats):
         done = subprocess.run(command, capture_output=True, text=True)

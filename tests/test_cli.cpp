@@ -65,6 +65,30 @@ TEST_CASE("infer generate --cache-type f16 and bf16 (llama.cpp's -ctk/-ctv) keep
     CHECK(run.err == "error: option --cache-type: \"q8\" is not f32, f16 or bf16\n");
 }
 
+TEST_CASE("infer generate --warmup: an untimed pass of the prompt first, the same text and ids, on both paths") {
+    REQUIRE_SHARED_OR_SKIP();
+    auto dir = test::shared_dir() / "models/stories260K";
+    const std::string model = (dir / "stories260K.gguf").string();
+    infer::Json reference = test::read_json(dir / "public" / "once_upon_a_time.json");
+    // The forward pass directly (ids and text), and the engine (a 16-bit cache runs there).
+    for (std::vector<std::string> extra : {std::vector<std::string>{"--ids"}, std::vector<std::string>{"--ids", "--cache-type", "f16"}}) {
+        std::vector<std::string> args = {"generate", "-m", model, "-p", reference.at("prompt").as_string(), "--temp", "0",
+                                         "-n", "200", "--warmup"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        test::ProgramRun run = test::run_infer(args);
+        CAPTURE(run.err);
+        CHECK(run.exit_code == 0);
+        CHECK(run.out == ids_json(reference));
+        CHECK(run.err.find("prefill: ") != std::string::npos);
+    }
+    const std::vector<std::string> text = {"generate", "-m", model, "-p", "Once upon a time", "--temp", "0", "-n", "20"};
+    std::vector<std::string> warm = text;
+    warm.push_back("--warmup");
+    test::ProgramRun cold = test::run_infer(text), warmed = test::run_infer(warm);
+    CHECK(warmed.exit_code == 0);
+    CHECK(warmed.out == cold.out);  // the prompt echoed once, then the same text
+}
+
 TEST_CASE("infer generate --bf16-activations: named in the figures, the same ids on every kernel path, refused where it cannot apply") {
     REQUIRE_SHARED_OR_SKIP();
     const std::string model = (test::shared_dir() / "fixtures/arch/llama/model-bf16/model.gguf").string();

@@ -52,7 +52,7 @@ const char* usage_text = R"(usage:
   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
                  [-t THREADS] [-c CONTEXT] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids] [--device cpu|cuda] [--no-mmap]
-                 [--cache-type f32|f16|bf16]
+                 [--cache-type f32|f16|bf16] [--warmup]
                  [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS] [--tokenizer FILE]
   infer tokenize -m PATH [--special]            stdin {"text": ...} lines -> {"ids": [...]} lines
@@ -180,7 +180,8 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
 // CPU ForwardPass with an f32 cache and decodes one token per step). Times: prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
 infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
                                              const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
-                                             infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out) {
+                                             infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out,
+                                             bool echo_prompt = true) {
     infer::EngineConfig config;
     config.device = device;
     config.spec = spec;
@@ -194,7 +195,7 @@ infer::GenerationResult generate_with_engine(const infer::Model& model, infer::T
     } else {
         std::string prompt = prompt_text(options);
         id = engine.add_request(prompt, params);
-        if (!options.has("--ids")) std::cout << prompt << std::flush;
+        if (echo_prompt && !options.has("--ids")) std::cout << prompt << std::flush;
     }
     infer::GenerationResult result;
     infer::Stopwatch clock;
@@ -250,10 +251,20 @@ int run_generate(const CommandLine& options) {
     infer::RequestResult engine_result;  // the engine's record, when the engine ran the request
     const infer::Device device = infer::parse_device(options.text("--device", "cpu"));
     const infer::SpecConfig spec = spec_config(options);
-    if (device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32) {
+    const bool through_engine = device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32;
+    const int warmup_passes = options.has("--warmup") ? 1 : 0;  // untimed passes of the prompt first (generate_from_ids)
+    if (through_engine && warmup_passes > 0) {
+        // The engine's run: a whole one-token request first, in an engine of its own (it leaves nothing to reuse).
+        infer::SamplingParams one = params;
+        one.max_tokens = 1;
+        infer::RequestResult ignored;
+        generate_with_engine(model, pool, options, one, [](std::string_view) {}, device, spec, ignored, false);
+    }
+    if (through_engine) {
         result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result);
     } else if (options.has("--prompt-ids")) {
-        result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream);
+        result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream,
+                                          nullptr, warmup_passes);
     } else {
         // The prompt is echoed with the first generated text, not before: a run that fails (a prompt longer than the
         // context, say) prints its error and nothing on stdout.
@@ -264,7 +275,7 @@ int run_generate(const CommandLine& options) {
             echoed = true;
             stream(text);
         };
-        result = infer::generate(model, pool, prompt, params, echo_then_stream);
+        result = infer::generate(model, pool, prompt, params, echo_then_stream, warmup_passes);
         if (!echoed) std::cout << prompt;
     }
     const size_t asked = static_cast<size_t>(params.max_tokens);
@@ -729,7 +740,7 @@ int run_command(int argc, char** argv) {
                                          "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
                                          "--tokenizer", "--prompt-ids", "--device", "--spec", "--draft-model", "--spec-k",
                                          "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"},
-                                        {"--ignore-eos", "--ids", "--no-mmap", "--bf16-activations"}, usage_text));
+                                        {"--ignore-eos", "--ids", "--no-mmap", "--bf16-activations", "--warmup"}, usage_text));
         if (command == "tokenize")
             return run_tokenize(CommandLine(argc, argv, 2, {"-m", "--tokenizer"}, {"--special"}, usage_text));
         if (command == "detokenize")
