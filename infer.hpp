@@ -344,6 +344,7 @@ public:
     template <class Body>
     void run_claimed(size_t count, size_t piece, size_t work, Body&& body) {
         if (work < min_parallel_work) return body(size_t{0}, count, 0);
+        piece = std::max<size_t>(piece, 1);
         std::atomic<size_t> next{0};
         run(static_cast<size_t>(size_), [&](size_t, size_t, int thread) {
             for (size_t begin; (begin = next.fetch_add(piece)) < count;) body(begin, std::min(count, begin + piece), thread);
@@ -2646,6 +2647,14 @@ struct Product {
 // measured up to a fifth slower at decode).
 constexpr int claimed_from = 32;
 
+// A parallel section of a forward pass over a batch of T tokens: `count` items in pieces of `piece` claimed by the
+// threads from claimed_from tokens on, one contiguous range per thread below.
+template <class Body>
+inline void run_for_batch(ThreadPool& pool, int T, size_t count, size_t piece, size_t work, Body&& body) {
+    if (T < claimed_from) pool.run_sized(count, work, body);
+    else pool.run_claimed(count, piece, work, body);
+}
+
 // Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
 // end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
 inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
@@ -2712,11 +2721,9 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
             first_row += N;
         }
     };
-    const size_t work = total_rows * K * static_cast<size_t>(T);
-    if (T < claimed_from) return pool.run_sized(total_rows, work, rows);
     // About four pieces per thread, each a multiple of 48 rows (whole row groups of every kernel: 3, 4 and 16 rows).
     const size_t piece = std::max<size_t>(48, (total_rows + 4 * pool.size() * 48 - 1) / (4 * pool.size() * 48) * 48);
-    pool.run_claimed(total_rows, piece, work, rows);
+    run_for_batch(pool, T, total_rows, piece, total_rows * K * static_cast<size_t>(T), rows);
 }
 
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
@@ -2832,11 +2839,10 @@ public:
                     }
                 }
             });
-            auto attend_items = [&](size_t begin, size_t end, int thread) {
+            // Items one by one when claimed: causal items differ in size.
+            detail::run_for_batch(pool_, T, attention_items_.size(), 1, attention_work, [&](size_t begin, size_t end, int thread) {
                 for (size_t item = begin; item < end; ++item) attend(path, batch, cache, l, item, thread);
-            };
-            if (T < detail::claimed_from) pool_.run_sized(attention_items_.size(), attention_work, attend_items);
-            else pool_.run_claimed(attention_items_.size(), 1, attention_work, attend_items);  // causal items differ in size
+            });
             if (attention_items_.size() + 1 > merge_ranges_.size())  // some token's context spans several chunks
                 pool_.run_sized(merge_ranges_.size() - 1, attention_items_.size() * H / Hkv * Dh, [&](size_t begin, size_t end, int) {
                     for (size_t tile_head = begin; tile_head < end; ++tile_head) merge_chunks(tile_head);
