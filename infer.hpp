@@ -2319,14 +2319,27 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
     }
 }
 
-// Bytes a kernel requests from memory while it computes (a hint: no effect on any result). A full AVX-512 tile reads
-// several rows at once, streams the hardware prefetchers follow poorly, so it asks for the next block itself as it
-// goes; the smaller tiles read streams the hardware keeps up with (asking there measured the same with four tokens,
-// slower with one or two), and are given nothing to ask for.
+// What a full AVX-512 tile asks the memory system for while it computes (a hint: no effect on any result). The tile
+// reads three rows at once, interleaved streams the hardware prefetchers follow too late, so it asks itself, in one of
+// two ways (for_each_block_and_tile below decides which):
+// - own_rows: the line tile_prefetch_bytes past each line it reads, into L1. This is the first tile over a block,
+//   which reads the block from memory unless earlier tiles asked for it. The rows of a tile are adjacent, so its
+//   R requests per step cover the matrix contiguously that far ahead, across the block's end into the next. Without
+//   them a tile of 8 tokens reading from memory ran at half the rate of one sequential stream, waiting on its loads.
+// - [begin, begin + bytes): a share of the next block, into L2, at the rate the tile reads its own rows. These are the
+//   later tiles over a block, which find it in L2 and bring in the next while they compute. (Asking for their own rows
+//   instead was a tenth slower on the 2048-column matrices: lines pulled into L1 evict the tile's activations.)
+// The smaller tiles read streams the hardware keeps up with (asking there measured the same with four tokens, slower
+// with one or two), and ask for nothing.
 struct Prefetch {
+    bool own_rows = false;
     const std::byte* begin = nullptr;
     size_t bytes = 0;
 };
+
+// How far ahead of its reads a tile asks for its own rows. Measured with 8 and 16 tokens: 4 KB too few, 8 to 16 KB
+// alike.
+constexpr size_t tile_prefetch_bytes = size_t{8} << 10;
 
 #ifdef INFER_X86_KERNELS
 // (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
@@ -2368,9 +2381,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 
 // The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
-// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is a full tile's share
-// of the next block (the full tiles split it evenly; the smaller ones get none), for the kernel to request from
-// memory while it computes.
+// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
+// (Prefetch above): the first full tile its own rows, the other full tiles an even share each of the next block, the
+// smaller tiles nothing.
 template <int C, class Tile>
 inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
                                     Tile tile) {
@@ -2379,13 +2392,14 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         const size_t block_end = std::min(row_end, block + rows_per_block);
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
-        const int full_tiles = T / C;
-        const auto share = [&](int full_tile) {
-            const size_t begin = next_bytes * full_tile / full_tiles, end = next_bytes * (full_tile + 1) / full_tiles;
-            return Prefetch{next + begin, end - begin};
+        const int sharing_tiles = T / C - 1;  // the full tiles after the first
+        const auto ahead = [&](int full_tile) {
+            if (full_tile == 0) return Prefetch{true};
+            const size_t begin = next_bytes * (full_tile - 1) / sharing_tiles, end = next_bytes * full_tile / sharing_tiles;
+            return Prefetch{false, next + begin, end - begin};
         };
         int t = 0;
-        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, share(t / C));
+        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, ahead(t / C));
         for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, Prefetch{});
         for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, Prefetch{});
         if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, Prefetch{});
@@ -8206,20 +8220,23 @@ template <DType dtype>
 }
 
 // A tile asks for its share of the next block (section 04's Prefetch) at the rate it reads its own rows: in each step
-// (one register's width of columns of R rows) R lines, into L2 where the block will be read from. Row group `group`
-// asks from the share's start + group · group_bytes on; a group that starts past the share's end asks for nothing (0).
-// An address, not a pointer: the last group's requests may reach past the share (even past the weights), which a
-// hint allows and pointer arithmetic does not.
+// (one register's width of columns of R rows) R lines. Row group `group` asks from the share's start +
+// group · group_bytes on; a group that starts past the share's end, or a tile with no share, asks for nothing (0).
+// Addresses, not pointers, here and for own rows: the requests may reach past the share (even past the weights), which
+// a hint allows and pointer arithmetic does not.
 inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes) {
     const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin), at = begin + group * group_bytes;
     return at < begin + ahead.bytes ? at : 0;
 }
 
-// R rows (row_bytes apart) against C tokens: R·C sums in registers; and the requests from address `ahead` on.
+// R rows (row_bytes apart) against C tokens: R·C sums in registers; and the requests, for the tile's own rows ahead or
+// from address `next_block` on.
 template <DType dtype, int R, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void rows_avx512(const std::byte* row, size_t row_bytes,
                                                                                     const float* x, size_t K, float* out,
-                                                                                    size_t N, uintptr_t ahead) {
+                                                                                    size_t N, bool own_rows,
+                                                                                    uintptr_t next_block) {
+    constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
     const size_t K16 = K / 16 * 16;
     __m512 sums[R][C];  // all sixteen lanes of each sum
 #pragma GCC unroll 8
@@ -8227,10 +8244,20 @@ template <DType dtype, int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K16; k += 16) {
-        // Written out in each kernel: GCC 12 dropped them from a small template helper (seen in its output).
-        if (ahead != 0)
+        // Written out in each kernel: GCC 12 dropped them from a small template helper (seen in its output). Own rows:
+        // one request per line read (16 columns are a line of f32 weights, half a line of 16-bit ones).
+        if (own_rows) {
+            if (column_bytes == 4 || k % 32 == 0)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + (k / 16 * R + r) * 64), _MM_HINT_T1);
+                for (int r = 0; r < R; ++r)
+                    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + k * column_bytes) +
+                                                               tile_prefetch_bytes),
+                                 _MM_HINT_T0);
+        } else if (next_block != 0) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(next_block + (k / 16 * R + r) * 64), _MM_HINT_T1);
+        }
         __m512 w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
@@ -8261,9 +8288,9 @@ template <DType dtype, int C>
     const size_t group_bytes = K / 16 * R * 64;
     size_t n = 0;
     for (; n + R <= rows; n += R)
-        rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N,
+        rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows,
                                  group_requests(ahead, n / R, group_bytes));
-    for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, 0);
+    for (; n < rows; ++n) rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows, 0);
 }
 
 // The bf16 products (section 04) with vdpbf16ps: each instruction adds, in every one of 16 lanes, the product of the
@@ -8279,7 +8306,8 @@ template <int R, int C>
                                                                                                    size_t row_bytes,
                                                                                                    const uint16_t* x,
                                                                                                    size_t K, float* out,
-                                                                                                   size_t N, uintptr_t ahead) {
+                                                                                                   size_t N, bool own_rows,
+                                                                                                   uintptr_t next_block) {
     const size_t K32 = K / 32 * 32;
     __m512 sums[R][C];
 #pragma GCC unroll 8
@@ -8287,9 +8315,17 @@ template <int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K32; k += 32) {
-        if (ahead != 0)
+        if (own_rows) {  // as rows_avx512; a step reads one line of each row
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + (k / 32 * R + r) * 64), _MM_HINT_T1);
+            for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + k * 2) +
+                                                           tile_prefetch_bytes),
+                             _MM_HINT_T0);
+        } else if (next_block != 0) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(next_block + (k / 32 * R + r) * 64), _MM_HINT_T1);
+        }
         __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
@@ -8322,8 +8358,9 @@ template <int C>
     const size_t group_bytes = K / 32 * R * 64;
     size_t n = 0;
     for (; n + R <= rows; n += R)
-        bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, group_requests(ahead, n / R, group_bytes));
-    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, 0);
+        bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows,
+                               group_requests(ahead, n / R, group_bytes));
+    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows, 0);
 }
 
 // softmax_exp's operations on eight lanes; the last count % 8 weights in its scalar form.
