@@ -8229,6 +8229,24 @@ inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes
     return at < begin + ahead.bytes ? at : 0;
 }
 
+// The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
+// own_lines, the line tile_prefetch_bytes past that offset in every row; otherwise R lines of the next block from
+// address next_block on (0: none). Always inlined: the kernels' loops must keep them (a plain helper's were dropped).
+template <int R>
+[[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_lines,
+                                                 uintptr_t next_block, size_t step) {
+    if (own_lines) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + offset) +
+                                                       tile_prefetch_bytes),
+                         _MM_HINT_T0);
+    } else if (next_block != 0) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(next_block + (step * R + r) * 64), _MM_HINT_T1);
+    }
+}
+
 // R rows (row_bytes apart) against C tokens: R·C sums in registers; and the requests, for the tile's own rows ahead or
 // from address `next_block` on.
 template <DType dtype, int R, int C>
@@ -8244,20 +8262,9 @@ template <DType dtype, int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K16; k += 16) {
-        // Written out in each kernel: GCC 12 dropped them from a small template helper (seen in its output). Own rows:
-        // one request per line read (16 columns are a line of f32 weights, half a line of 16-bit ones).
-        if (own_rows) {
-            if (column_bytes == 4 || k % 32 == 0)
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r)
-                    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + k * column_bytes) +
-                                                               tile_prefetch_bytes),
-                                 _MM_HINT_T0);
-        } else if (next_block != 0) {
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(next_block + (k / 16 * R + r) * 64), _MM_HINT_T1);
-        }
+        // Own rows: one request per line read (16 columns are a line of f32 weights, half a line of 16-bit ones).
+        if (!own_rows || column_bytes == 4 || k % 32 == 0)
+            request_ahead<R>(row, row_bytes, k * column_bytes, own_rows, next_block, k / 16);
         __m512 w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
@@ -8315,17 +8322,7 @@ template <int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K32; k += 32) {
-        if (own_rows) {  // as rows_avx512; a step reads one line of each row
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + k * 2) +
-                                                           tile_prefetch_bytes),
-                             _MM_HINT_T0);
-        } else if (next_block != 0) {
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(next_block + (k / 32 * R + r) * 64), _MM_HINT_T1);
-        }
+        request_ahead<R>(row, row_bytes, k * 2, own_rows, next_block, k / 32);  // a step reads one line of each row
         __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
