@@ -8230,12 +8230,12 @@ inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes
 }
 
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
-// own_lines, the line tile_prefetch_bytes past that offset in every row; otherwise R lines of the next block from
+// own_rows, the line tile_prefetch_bytes past that offset in every row; otherwise R lines of the next block from
 // address next_block on (0: none). Always inlined: the kernels' loops must keep them (a plain helper's were dropped).
 template <int R>
-[[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_lines,
+[[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_rows,
                                                  uintptr_t next_block, size_t step) {
-    if (own_lines) {
+    if (own_rows) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + offset) +
