@@ -2528,15 +2528,15 @@ inline void prefetch_bytes(const std::byte* data, size_t bytes) {
 // multiply-adds (truncation below 1e-8), and 2ⁿ added to the exponent bits: within one ulp of e^x. Below −86 it
 // returns 0 (e^−86 ≈ 4e−38, nothing a sum of weights near 1 can see) so 2ⁿ stays a normal number. Written in plain
 // float operations because the SIMD twin (appendix F) must give the same bits, which std::exp does not promise.
-namespace softmax_exp_constants {
+namespace exp_nonpositive_constants {
 constexpr float round_shift = 12582912.0f;  // 1.5 · 2²³: adding it rounds to an integer, kept in the low bits
 constexpr uint32_t round_shift_bits = 0x4B400000;
 constexpr float log2_e = 1.44269504f, ln2_high = 0.693359375f, ln2_low = -2.12194440e-4f, cutoff = -86.0f;
 constexpr float taylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 1.0f / 2, 1.0f, 1.0f};  // 1/7! … 1/0!
-}  // namespace softmax_exp_constants
+}  // namespace exp_nonpositive_constants
 
-inline float softmax_exp(float x) {
-    using namespace softmax_exp_constants;
+inline float exp_nonpositive(float x) {
+    using namespace exp_nonpositive_constants;
     const float shifted = std::fma(x, log2_e, round_shift);  // round_shift + n, n = round(x / ln 2)
     const float n = shifted - round_shift;
     const float r = std::fma(n, -ln2_low, std::fma(n, -ln2_high, x));
@@ -2550,9 +2550,9 @@ inline float softmax_exp(float x) {
 [[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
 #endif
 
-// s[j] = softmax_exp(s[j] − max) for j < count: a chunk's weights for one query (eight at a time in the SIMD paths).
+// s[j] = exp_nonpositive(s[j] − max) for j < count: a chunk's weights for one query (eight at a time in the SIMD paths).
 inline void softmax_exp_rows_portable(float* s, int count, float max) {
-    for (int j = 0; j < count; ++j) s[j] = softmax_exp(s[j] - max);
+    for (int j = 0; j < count; ++j) s[j] = exp_nonpositive(s[j] - max);
 }
 template <CpuKernels path>
 inline void softmax_exp_rows(float* s, int count, float max) {
@@ -2740,12 +2740,35 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
     run_for_batch(pool, T, total_rows, piece, total_rows * K * static_cast<size_t>(T), rows);
 }
 
-// out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does.
+// out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does, in eight interleaved partial
+// sums (element i into sum i % 8, the eight added in order at the end): one chain of dependent additions waited
+// four cycles per element, eight independent ones keep the adder busy. The order is fixed, so every path and batch
+// gets the same bits. The gain is read in its stored type by a loop per type (norms are f32 in GGUF files, often
+// bf16 in safetensors ones) rather than widened element by element through Tensor::at.
 inline void rms_norm(const float* x, const Tensor& gain, size_t width, double eps, float* out) {
+    double partial_sums[8] = {};
+    size_t i = 0;
+    for (; i + 8 <= width; i += 8)
+        for (size_t lane = 0; lane < 8; ++lane) partial_sums[lane] += static_cast<double>(x[i + lane]) * x[i + lane];
+    for (; i < width; ++i) partial_sums[i % 8] += static_cast<double>(x[i]) * x[i];
     double sum_squares = 0;
-    for (size_t i = 0; i < width; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
-    float scale = static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
-    for (size_t i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
+    for (double partial : partial_sums) sum_squares += partial;
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
+    if (gain.dtype == DType::F32) {
+        for (i = 0; i < width; ++i) {
+            float g;
+            std::memcpy(&g, gain.data + i * 4, 4);  // a file's tensor need not be aligned for a float
+            out[i] = x[i] * scale * g;
+        }
+    } else if (gain.dtype == DType::BF16) {
+        for (i = 0; i < width; ++i) {
+            uint16_t g;
+            std::memcpy(&g, gain.data + i * 2, 2);
+            out[i] = x[i] * scale * bf16_to_f32(g);
+        }
+    } else {
+        for (i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
+    }
 }
 
 // What each RoPE frequency is divided by under the config's scaling: 1 without, `factor` for linear; Llama 3
@@ -2788,7 +2811,29 @@ inline std::vector<double> rope_inverse_frequencies(const Model& model) {
     return inverse;
 }
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }  // x · sigmoid(x)
+// SwiGLU's gate, silu(x) = x · σ(x) with σ(x) = 1 / (1 + e^−x) = e^x / (1 + e^x). With e = e^−|x|, which is at
+// most 1 and so overflows on neither side, it is x / (1 + e) for x ≥ 0 and x · e / (1 + e) below. The exponential is
+// attention's (exp_nonpositive), plain float operations, so that the SIMD twin (appendix F) gives the same bits.
+inline float silu(float x) {
+    const float e = exp_nonpositive(-std::fabs(x));
+    return x * (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+#ifdef INFER_X86_KERNELS
+[[gnu::target("avx2,fma,f16c")]] inline void swiglu_avx2(float* gate, const float* up, size_t count);  // appendix F
+#endif
+
+// gate[i] = silu(gate[i]) · up[i] for i < count: the MLP's gated activation (eight at a time in the SIMD paths).
+inline void swiglu_portable(float* gate, const float* up, size_t count) {
+    for (size_t i = 0; i < count; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+inline void swiglu(CpuKernels path, float* gate, const float* up, size_t count) {
+#ifdef INFER_X86_KERNELS
+    if (path != CpuKernels::Portable) return swiglu_avx2(gate, up, count);
+#endif
+    (void)path;
+    swiglu_portable(gate, up, count);
+}
 
 }  // namespace detail
 
@@ -2835,12 +2880,22 @@ public:
         const size_t attention_work = plan_attention(batch);
         const CpuKernels path = cpu_kernels();
 
+        // Each block's input: the residual stream plus the previous block's output (xn_), then normed into xn_. The
+        // add rides along with the norm's pass over the row, on every thread.
+        auto add_block_and_norm = [&](bool add_block, const Tensor& gain) {
+            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
+                for (size_t t = begin; t < end; ++t) {
+                    if (add_block)
+                        for (size_t i = 0; i < D; ++i) x_[t * D + i] += xn_[t * D + i];
+                    detail::rms_norm(&x_[t * D], gain, D, c.norm_eps, &xn_[t * D]);
+                }
+            });
+        };
+
         for (int l = 0; l < c.n_layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             // Attention block: each token looks at its sequence's earlier tokens through their cached K and V.
-            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
-                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.attn_norm, D, c.norm_eps, &xn_[t * D]);
-            });
+            add_block_and_norm(l > 0, w.attn_norm);
             detail::matmul(pool_, xn_.data(), T, {{w.wq, q_.data(), &w.bq}, {w.wk, k_.data(), &w.bk}, {w.wv, v_.data(), &w.bv}});
             pool_.run_sized(T, T * (H + Hkv) * Dh * 4, [&](size_t begin, size_t end, int) {
                 for (size_t t = begin; t < end; ++t) {
@@ -2862,24 +2917,24 @@ public:
                     for (size_t tile_head = begin; tile_head < end; ++tile_head) merge_chunks(tile_head);
                 });
             detail::matmul(pool_, attn_.data(), T, {{w.wo, xn_.data()}});
-            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];  // residual: the block adds to the stream
 
             // MLP block: per token, no mixing across positions; two thirds of a layer's weights live here.
-            pool_.run_sized(T, T * D, [&](size_t begin, size_t end, int) {
-                for (size_t t = begin; t < end; ++t) detail::rms_norm(&x_[t * D], w.ffn_norm, D, c.norm_eps, &xn_[t * D]);
-            });
+            add_block_and_norm(true, w.ffn_norm);
             detail::matmul(pool_, xn_.data(), T, {{w.w_gate, gate_.data()}, {w.w_up, up_.data()}});
-            pool_.run_sized(T, T * F * 8, [&](size_t begin, size_t end, int) {  // SwiGLU: a gated activation (an exp each)
-                for (size_t i = begin * F; i < end * F; ++i) gate_[i] = detail::silu(gate_[i]) * up_[i];
+            pool_.run_sized(T, T * F * 2, [&](size_t begin, size_t end, int) {  // SwiGLU: an exponential per element
+                detail::swiglu(path, &gate_[begin * F], &up_[begin * F], (end - begin) * F);
             });
             detail::matmul(pool_, gate_.data(), T, {{w.w_down, xn_.data()}});
-            for (size_t i = 0; i < T * D; ++i) x_[i] += xn_[i];
         }
 
-        // Final norm and the vocabulary projection, only for the rows someone will sample from.
+        // The last block's output, the final norm and the vocabulary projection, only for the rows someone will sample
+        // from (in order, so a row's normed copy lands where earlier rows' block outputs were already added).
         int rows = 0;
-        for (int t = 0; t < T; ++t)
-            if (batch.wants_logits[t]) detail::rms_norm(&x_[t * D], model_.final_norm, D, c.norm_eps, &xn_[rows++ * D]);
+        for (size_t t = 0; t < static_cast<size_t>(T); ++t) {
+            if (!batch.wants_logits[t]) continue;
+            for (size_t i = 0; i < D; ++i) x_[t * D + i] += xn_[t * D + i];
+            detail::rms_norm(&x_[t * D], model_.final_norm, D, c.norm_eps, &xn_[rows++ * D]);
+        }
         if (logits_.size() < static_cast<size_t>(rows) * V) logits_.resize(static_cast<size_t>(rows) * V);
         if (rows > 0) detail::matmul(pool_, xn_.data(), rows, {{model_.lm_head, logits_.data()}});
         return {logits_.data(), static_cast<size_t>(rows) * V};
@@ -8360,24 +8415,41 @@ template <int C>
     for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows, 0);
 }
 
-// softmax_exp's operations on eight lanes; the last count % 8 weights in its scalar form.
-[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max) {
-    using namespace softmax_exp_constants;
-    int j = 0;
-    for (; j + 8 <= count; j += 8) {
-        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(max));
-        const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(log2_e), _mm256_set1_ps(round_shift));
-        const __m256 n = _mm256_sub_ps(shifted, _mm256_set1_ps(round_shift));
-        const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_low), _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_high), x));
-        __m256 p = _mm256_set1_ps(taylor[0]);
+// exp_nonpositive's operations on eight lanes.
+[[gnu::target("avx2,fma,f16c")]] inline __m256 exp_nonpositive_avx2(__m256 x) {
+    using namespace exp_nonpositive_constants;
+    const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(log2_e), _mm256_set1_ps(round_shift));
+    const __m256 n = _mm256_sub_ps(shifted, _mm256_set1_ps(round_shift));
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_low), _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_high), x));
+    __m256 p = _mm256_set1_ps(taylor[0]);
 #pragma GCC unroll 8
-        for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(taylor[i]));
-        const __m256i exponent_step = _mm256_slli_epi32(
-            _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(static_cast<int>(round_shift_bits))), 23);
-        const __m256 value = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent_step));
-        _mm256_storeu_ps(s + j, _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(cutoff), _CMP_LT_OQ), value));
-    }
+    for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(taylor[i]));
+    const __m256i exponent_step = _mm256_slli_epi32(
+        _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(static_cast<int>(round_shift_bits))), 23);
+    const __m256 value = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent_step));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(cutoff), _CMP_LT_OQ), value);
+}
+
+// Eight weights at a time; the last count % 8 in the scalar form.
+[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max) {
+    int j = 0;
+    for (; j + 8 <= count; j += 8)
+        _mm256_storeu_ps(s + j, exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(max))));
     softmax_exp_rows_portable(s + j, count - j, max);
+}
+
+// silu's operations on eight lanes (−|x| by setting the sign bit); the last count % 8 elements in the scalar form.
+[[gnu::target("avx2,fma,f16c")]] inline void swiglu_avx2(float* gate, const float* up, size_t count) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        const __m256 x = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(x, _mm256_set1_ps(-0.0f)));
+        const __m256 numerator = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+        const __m256 silu = _mm256_div_ps(_mm256_mul_ps(x, numerator), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    swiglu_portable(gate + i, up + i, count - i);
 }
 
 // Up to 64 elements of the sum at a time, in eight registers across the rows: eight independent FMA chains, and

@@ -300,7 +300,7 @@ __global__ void embedding_gather(const uint8_t* __restrict__ table, size_t row_b
     }
 }
 
-// 2. Residual add fused with RMSNorm.  CPU twin: detail::rms_norm, after `x_[i] += xn_[i]` in ForwardPass::forward.
+// 2. Residual add fused with RMSNorm.  CPU twin: add_block_and_norm (detail::rms_norm) in ForwardPass::forward.
 //    One block of 256 threads per output row; the sum of squares in double (as the CPU), reduced warp then block.
 //    `rows` (optional) gathers: output row r normalizes x row rows[r] (the final norm, only rows that want logits).
 //    Fusing saves one read and one write of x per norm: ~3 × 4 × D bytes for ~4 × D flops, AI ~0.3: memory-bound, and
@@ -762,7 +762,7 @@ __global__ void __launch_bounds__(128) attention_prefill(
 }
 
 // 10. SwiGLU: out = silu(gate) · up, from the fused gate|up rows [T, 2F] (one product computed both) into [T, F].
-//     CPU twin: detail::silu and the loop after the gate/up product. One thread per output element; 12 bytes moved
+//     CPU twin: detail::swiglu (detail::silu per element). One thread per output element; 12 bytes moved
 //     for ~5 flops: AI ~0.4, memory-bound (and small next to the matmuls).
 __global__ void swiglu(const float* __restrict__ gate_up, int F, size_t n, float* __restrict__ out) {
     size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;

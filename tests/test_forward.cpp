@@ -431,12 +431,12 @@ TEST_CASE("the softmax's exponential: within one ulp of e^x on [-86, 0], zero be
     for (float x : xs) {
         const double exact = std::exp(static_cast<double>(x));
         const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(exact)) - 23);
-        worst = std::max(worst, std::fabs(infer::detail::softmax_exp(x) - exact) / ulp);
+        worst = std::max(worst, std::fabs(infer::detail::exp_nonpositive(x) - exact) / ulp);
     }
     CHECK(worst < 1.0);
-    CHECK(infer::detail::softmax_exp(0.0f) == 1.0f);
-    CHECK(infer::detail::softmax_exp(-86.5f) == 0.0f);
-    CHECK(infer::detail::softmax_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
+    CHECK(infer::detail::exp_nonpositive(0.0f) == 1.0f);
+    CHECK(infer::detail::exp_nonpositive(-86.5f) == 0.0f);
+    CHECK(infer::detail::exp_nonpositive(-std::numeric_limits<float>::infinity()) == 0.0f);
 
     // Rows of weights as attention takes them (score − max), of lengths that leave every tail size of the SIMD loop.
     std::vector<float> scores;
@@ -450,6 +450,40 @@ TEST_CASE("the softmax's exponential: within one ulp of e^x on [-86, 0], zero be
             std::vector<float> simd = scores, expected(portable.begin(), portable.begin() + count);
             if (path == infer::CpuKernels::Avx2) infer::detail::softmax_exp_rows<infer::CpuKernels::Avx2>(simd.data(), count, 30.0f);
             else infer::detail::softmax_exp_rows<infer::CpuKernels::Avx512>(simd.data(), count, 30.0f);
+            CHECK(std::vector<float>(simd.begin(), simd.begin() + count) == expected);  // bitwise
+        }
+    }
+}
+
+TEST_CASE("SwiGLU's silu: within three ulps of x·σ(x), no overflow at either end, and the same bits on every path") {
+    double worst = 0;
+    for (int i = -200000; i <= 200000; ++i) {
+        const float x = 100.0f * static_cast<float>(i) / 200000;
+        const double exact = x / (1.0 + std::exp(-static_cast<double>(x)));
+        if (std::fabs(exact) < 1e-30) continue;  // e^−86 and below: silu returns 0 there, as checked next
+        const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(exact)) - 23);
+        worst = std::max(worst, std::fabs(infer::detail::silu(x) - exact) / ulp);
+    }
+    CHECK(worst < 3.0);
+    CHECK(infer::detail::silu(0.0f) == 0.0f);
+    CHECK(infer::detail::silu(-1000.0f) == 0.0f);
+    CHECK(infer::detail::silu(1000.0f) == 1000.0f);
+    CHECK(infer::detail::silu(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+
+    // Gate and up rows as the MLP has them, of lengths that leave every tail size of the SIMD loop.
+    std::vector<float> gate, up;
+    for (int i = 0; i < 203; ++i) {
+        gate.push_back(std::sin(0.37f * i) * 12.0f + (i % 13 == 0 ? -95.0f : 0.0f));
+        up.push_back(std::cos(0.11f * i));
+    }
+    std::vector<float> portable = gate;
+    infer::detail::swiglu(infer::CpuKernels::Portable, portable.data(), up.data(), 203);
+    for (infer::CpuKernels path : {infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+        if (!infer::cpu_supports(path)) continue;
+        CAPTURE(infer::cpu_kernels_name(path));
+        for (size_t count : {1, 7, 8, 9, 203}) {
+            std::vector<float> simd = gate, expected(portable.begin(), portable.begin() + count);
+            infer::detail::swiglu(path, simd.data(), up.data(), count);
             CHECK(std::vector<float>(simd.begin(), simd.begin() + count) == expected);  // bitwise
         }
     }
