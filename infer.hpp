@@ -2546,20 +2546,44 @@ inline float exp_nonpositive(float x) {
     return x < cutoff ? 0.0f : std::bit_cast<float>(std::bit_cast<uint32_t>(p) + exponent_step);
 }
 
+// The largest of s[0, count). Eight running maxima side by side, element j into lane j % 8: eight independent
+// comparisons per step where one chain waited on each previous result (the maximum is the same in any order).
+inline float largest(const float* s, int count) {
+    float lanes[8];
+    std::fill(lanes, lanes + 8, -std::numeric_limits<float>::infinity());
+    int j = 0;
+    for (; j + 8 <= count; j += 8)
+        for (int lane = 0; lane < 8; ++lane) lanes[lane] = std::max(lanes[lane], s[j + lane]);
+    for (; j < count; ++j) lanes[j % 8] = std::max(lanes[j % 8], s[j]);
+    return *std::max_element(lanes, lanes + 8);
+}
+
 #ifdef INFER_X86_KERNELS
-[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
+[[gnu::target("avx2,fma,f16c")]] inline float softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
 #endif
 
-// s[j] = exp_nonpositive(s[j] − max) for j < count: a chunk's weights for one query (eight at a time in the SIMD paths).
-inline void softmax_exp_rows_portable(float* s, int count, float max) {
-    for (int j = 0; j < count; ++j) s[j] = exp_nonpositive(s[j] - max);
+// s[j] = exp_nonpositive(s[j] − max) for j in [begin, count), each also added into partial[j % 8]; returns the sum of
+// all eight partial sums, in order. Summed this way, weight j into lane j % 8, is how an eight-lane register adds, so
+// the SIMD paths (which run the first count − count % 8 weights eight at a time and pass the rest here) give the same
+// bits; it is also eight independent additions per step instead of one chain.
+inline float softmax_exp_rows_from(float* s, int begin, int count, float max, float (&partial)[8]) {
+    for (int j = begin; j < count; ++j) {
+        s[j] = exp_nonpositive(s[j] - max);
+        partial[j % 8] += s[j];
+    }
+    float sum = 0.0f;
+    for (float lane : partial) sum += lane;
+    return sum;
 }
+
+// A chunk's weights for one query from its scores s[0, count) and their maximum; returns the weights' sum.
 template <CpuKernels path>
-inline void softmax_exp_rows(float* s, int count, float max) {
+inline float softmax_exp_rows(float* s, int count, float max) {
 #ifdef INFER_X86_KERNELS
     if constexpr (path != CpuKernels::Portable) return softmax_exp_rows_avx2(s, count, max);
 #endif
-    softmax_exp_rows_portable(s, count, max);
+    float partial[8] = {};
+    return softmax_exp_rows_from(s, 0, count, max, partial);
 }
 
 // Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
@@ -3107,12 +3131,9 @@ private:
             if (from >= to) continue;  // nothing this query may see in the chunk: a weight of zero in the merge
             float* weights = scores + r * n;  // [j]: position item.first + j's score, then its weight
             const int first = from - item.first, last = to - item.first;
-            float chunk_max = -std::numeric_limits<float>::infinity();
-            for (int j = first; j < last; ++j) chunk_max = std::max(chunk_max, weights[j]);
-            detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
-            float chunk_sum = 0.0f;  // a local: weights may alias partial_ for all the compiler knows
-            for (int j = first; j < last; ++j) chunk_sum += weights[j];
-            row_partial[0] = chunk_max, row_partial[1] = chunk_sum;
+            const float chunk_max = detail::largest(weights + first, last - first);
+            row_partial[0] = chunk_max;
+            row_partial[1] = detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
             for (int p = from; p < to;) {  // the chunk's values, one KV block's run of slots at a time
                 const int slot = p % B, run = std::min(to - p, B - slot);
                 if (p + run < to && jumps_before(p / B + 1))
@@ -8430,12 +8451,18 @@ template <int C>
     return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(cutoff), _CMP_LT_OQ), value);
 }
 
-// Eight weights at a time; the last count % 8 in the scalar form.
-[[gnu::target("avx2,fma,f16c")]] inline void softmax_exp_rows_avx2(float* s, int count, float max) {
+// Eight weights at a time, summed lane by lane; the last count % 8 in the scalar form, which adds the lanes.
+[[gnu::target("avx2,fma,f16c")]] inline float softmax_exp_rows_avx2(float* s, int count, float max) {
+    __m256 sums = _mm256_setzero_ps();
     int j = 0;
-    for (; j + 8 <= count; j += 8)
-        _mm256_storeu_ps(s + j, exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(max))));
-    softmax_exp_rows_portable(s + j, count - j, max);
+    for (; j + 8 <= count; j += 8) {
+        const __m256 weights = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(max)));
+        _mm256_storeu_ps(s + j, weights);
+        sums = _mm256_add_ps(sums, weights);
+    }
+    float partial[8];
+    _mm256_storeu_ps(partial, sums);
+    return softmax_exp_rows_from(s, j, count, max, partial);
 }
 
 // silu's operations on eight lanes (−|x| by setting the sign bit); the last count % 8 elements in the scalar form.
