@@ -2623,12 +2623,35 @@ inline void add_weighted_rows_with(float* acc, const std::byte* rows, const floa
     add_weighted_rows_portable<dtype>(acc, rows, weights, count, n);
 }
 
+#ifdef INFER_X86_KERNELS
+template <DType dtype>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void add_weighted_rows4_avx512(
+    float* acc, size_t acc_stride, const std::byte* rows, const float* weights, size_t weights_stride, int count,
+    size_t n);  // appendix F
+#endif
+
+// The same for `queries` query rows over the same values: query q's sums at acc + q·acc_stride, its weights at
+// weights + q·weights_stride. AVX-512 takes four at a time, so each value loaded serves four queries; elsewhere it is
+// one query after the other. Per element the sum is the same chain either way.
 template <CpuKernels path>
-inline void add_weighted_rows(DType dtype, float* acc, const std::byte* rows, const float* weights, int count, size_t n) {
-    switch (dtype) {
-        case DType::F16: return add_weighted_rows_with<path, DType::F16>(acc, rows, weights, count, n);
-        case DType::BF16: return add_weighted_rows_with<path, DType::BF16>(acc, rows, weights, count, n);
-        default: return add_weighted_rows_with<path, DType::F32>(acc, rows, weights, count, n);
+inline void add_weighted_rows(DType dtype, int queries, float* acc, size_t acc_stride, const std::byte* rows,
+                              const float* weights, size_t weights_stride, int count, size_t n) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path == CpuKernels::Avx512)
+        if (queries == 4) switch (dtype) {
+                case DType::F16: return add_weighted_rows4_avx512<DType::F16>(acc, acc_stride, rows, weights, weights_stride, count, n);
+                case DType::BF16: return add_weighted_rows4_avx512<DType::BF16>(acc, acc_stride, rows, weights, weights_stride, count, n);
+                default: return add_weighted_rows4_avx512<DType::F32>(acc, acc_stride, rows, weights, weights_stride, count, n);
+            }
+#endif
+    for (int q = 0; q < queries; ++q) {
+        float* query_acc = acc + q * acc_stride;
+        const float* query_weights = weights + q * weights_stride;
+        switch (dtype) {
+            case DType::F16: add_weighted_rows_with<path, DType::F16>(query_acc, rows, query_weights, count, n); break;
+            case DType::BF16: add_weighted_rows_with<path, DType::BF16>(query_acc, rows, query_weights, count, n); break;
+            default: add_weighted_rows_with<path, DType::F32>(query_acc, rows, query_weights, count, n);
+        }
     }
 }
 
@@ -3121,9 +3144,13 @@ private:
                                           static_cast<size_t>(run));
             p += run;
         }
-        for (size_t r = 0; r < rows; ++r) {
+        // The positions [from, to) of the chunk that query row r may see.
+        const auto visible = [&](size_t r) {
             const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
-            const int from = std::max(item.first, first_visible(position)), to = std::min(item.end, position + 1);
+            return std::pair{std::max(item.first, first_visible(position)), std::min(item.end, position + 1)};
+        };
+        for (size_t r = 0; r < rows; ++r) {
+            const auto [from, to] = visible(r);
             float* row_partial = &partial[r * (Dh + 2)];  // max, sum, values [Dh]
             row_partial[0] = -std::numeric_limits<float>::infinity(), row_partial[1] = 0.0f;
             float* values = row_partial + 2;
@@ -3134,14 +3161,36 @@ private:
             const float chunk_max = detail::largest(weights + first, last - first);
             row_partial[0] = chunk_max;
             row_partial[1] = detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
-            for (int p = from; p < to;) {  // the chunk's values, one KV block's run of slots at a time
+        }
+        // The weighted values of query rows [first_row, first_row + queries) over positions [from, to), one KV block's
+        // run of slots at a time.
+        const auto add_values = [&](size_t first_row, int queries, int from, int to) {
+            for (int p = from; p < to;) {
                 const int slot = p % B, run = std::min(to - p, B - slot);
                 if (p + run < to && jumps_before(p / B + 1))
                     detail::prefetch_bytes(cache.value(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
-                detail::add_weighted_rows<path>(cache.dtype(), values, cache.value(layer, table[p / B], item.kv_head, slot),
-                                                weights + (p - item.first), run, Dh);
+                detail::add_weighted_rows<path>(cache.dtype(), queries, &partial[first_row * (Dh + 2) + 2], Dh + 2,
+                                                cache.value(layer, table[p / B], item.kv_head, slot),
+                                                scores + first_row * n + (p - item.first), static_cast<size_t>(n), run, Dh);
                 p += run;
             }
+        };
+        // Four rows at a time over the positions all four see (causal rows of a prompt differ only in their last few),
+        // each row alone before and after those: every element's sum still runs in position order.
+        for (size_t r0 = 0; r0 < rows; r0 += 4) {
+            const int queries = static_cast<int>(std::min<size_t>(4, rows - r0));
+            int shared_from = item.first, shared_to = item.end;
+            for (int q = 0; q < queries; ++q) {
+                shared_from = std::max(shared_from, visible(r0 + q).first);
+                shared_to = std::min(shared_to, visible(r0 + q).second);
+            }
+            if (queries < 4 || shared_from >= shared_to) {
+                for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, visible(r0 + q).second);
+                continue;
+            }
+            for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, shared_from);
+            add_values(r0, queries, shared_from, shared_to);
+            for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, shared_to, visible(r0 + q).second);
         }
         if (item.whole)
             for (size_t r = 0; r < rows; ++r) {
@@ -8507,6 +8556,43 @@ template <DType dtype>
     }
     for (; d < n; ++d)
         for (int j = 0; j < count; ++j) acc[d] = std::fma(weights[j], weight_at<dtype>(rows + j * row_bytes, d), acc[d]);
+}
+
+// Four queries' sums, 64 elements of each at a time in sixteen registers: each value loaded serves the four queries,
+// and a step is sixteen independent FMA chains. Elements past the last multiple of 64 go one at a time.
+template <DType dtype>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void add_weighted_rows4_avx512(
+    float* acc, size_t acc_stride, const std::byte* rows, const float* weights, size_t weights_stride, int count,
+    size_t n) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(n)));
+    size_t d = 0;
+    for (; d + 64 <= n; d += 64) {
+        __m512 sums[4][4];  // [query][16 elements]
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; ++s) sums[q][s] = _mm512_loadu_ps(acc + q * acc_stride + d + 16 * s);
+        for (int j = 0; j < count; ++j) {
+            __m512 values[4];
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; ++s) values[s] = load16_avx512<dtype>(rows + j * row_bytes, d + 16 * s);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; ++q) {
+                const __m512 weight = _mm512_set1_ps(weights[q * weights_stride + j]);
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; ++s) sums[q][s] = _mm512_fmadd_ps(weight, values[s], sums[q][s]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; ++s) _mm512_storeu_ps(acc + q * acc_stride + d + 16 * s, sums[q][s]);
+    }
+    for (; d < n; ++d)
+        for (int q = 0; q < 4; ++q)
+            for (int j = 0; j < count; ++j)
+                acc[q * acc_stride + d] =
+                    std::fma(weights[q * weights_stride + j], weight_at<dtype>(rows + j * row_bytes, d), acc[q * acc_stride + d]);
 }
 
 #endif

@@ -496,9 +496,58 @@ TEST_CASE("SwiGLU's silu: within three ulps of x·σ(x), no overflow at either e
     }
 }
 
+TEST_CASE("attention's weighted values: four queries at once give each query's own sums, bit for bit on every path") {
+    // 133 elements: two runs of 64 and a tail; 37 positions; values in each cache type.
+    const size_t n = 133, stride = n + 2;
+    const int count = 37;
+    std::vector<float> weights(4 * count), values(count * n);
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = std::exp(-0.05f * static_cast<float>(i % 41));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.7f * static_cast<float>(i)) * 3.0f;
+    for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16}) {
+        CAPTURE(infer::dtype_name(dtype));
+        // The values as the cache holds them, and widened back, for the double-precision check below.
+        std::vector<std::byte> rows(values.size() * (dtype == infer::DType::F32 ? 4 : 2));
+        std::vector<float> stored(values.size());
+        for (size_t i = 0; i < values.size(); ++i) {
+            if (dtype == infer::DType::F32) {
+                stored[i] = values[i];
+                std::memcpy(&rows[i * 4], &values[i], 4);
+            } else {
+                const uint16_t bits = dtype == infer::DType::F16 ? infer::f32_to_f16(values[i]) : infer::f32_to_bf16(values[i]);
+                stored[i] = dtype == infer::DType::F16 ? infer::f16_to_f32(bits) : infer::bf16_to_f32(bits);
+                std::memcpy(&rows[i * 2], &bits, 2);
+            }
+        }
+        const auto sums = [&](infer::CpuKernels path, int queries) {
+            std::vector<float> acc(4 * stride, 0.5f);
+            for (int q = 0; q < 4; q += queries) {
+                float* first = &acc[q * stride];
+                if (path == infer::CpuKernels::Portable)
+                    infer::detail::add_weighted_rows<infer::CpuKernels::Portable>(dtype, queries, first, stride, rows.data(), &weights[q * count], count, count, n);
+                else if (path == infer::CpuKernels::Avx2)
+                    infer::detail::add_weighted_rows<infer::CpuKernels::Avx2>(dtype, queries, first, stride, rows.data(), &weights[q * count], count, count, n);
+                else
+                    infer::detail::add_weighted_rows<infer::CpuKernels::Avx512>(dtype, queries, first, stride, rows.data(), &weights[q * count], count, count, n);
+            }
+            return acc;
+        };
+        const std::vector<float> one_by_one = sums(infer::CpuKernels::Portable, 1);
+        double expected = 0.5;  // element 70 of query 2, in double
+        for (int j = 0; j < count; ++j) expected += static_cast<double>(weights[2 * count + j]) * stored[j * n + 70];
+        CHECK(std::fabs(one_by_one[2 * stride + 70] - expected) < 1e-4);
+        for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+            if (!infer::cpu_supports(path)) continue;
+            CAPTURE(infer::cpu_kernels_name(path));
+            CHECK(sums(path, 4) == one_by_one);  // bitwise
+            CHECK(sums(path, 1) == one_by_one);
+        }
+    }
+}
+
 TEST_CASE("attention over a context of several chunks matches a double-precision reference, bit for bit on every kernel path") {
     test::TempDir dir("long-context");
-    infer::save_random_model(dir.path(), {.dim = 32, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64,
+    // 64-wide heads: the SIMD paths' full runs of the values' sums, not only their tails.
+    infer::save_random_model(dir.path(), {.dim = 256, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64,
                                           .vocab_size = 64, .context_length = 2048}, infer::DType::F32, 11);
     infer::Model model = infer::load_model(dir.path());
     std::vector<int> ids;
