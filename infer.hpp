@@ -2615,14 +2615,6 @@ template <DType dtype>
                                                                      int count, size_t n);  // appendix F
 #endif
 
-template <CpuKernels path, DType dtype>
-inline void add_weighted_rows_with(float* acc, const std::byte* rows, const float* weights, int count, size_t n) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path != CpuKernels::Portable) return add_weighted_rows_avx2<dtype>(acc, rows, weights, count, n);
-#endif
-    add_weighted_rows_portable<dtype>(acc, rows, weights, count, n);
-}
-
 #ifdef INFER_X86_KERNELS
 template <DType dtype>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void add_weighted_rows4_avx512(
@@ -2633,25 +2625,31 @@ template <DType dtype>
 // The same for `queries` query rows over the same values: query q's sums at acc + q·acc_stride, its weights at
 // weights + q·weights_stride. AVX-512 takes four at a time, so each value loaded serves four queries; elsewhere it is
 // one query after the other. Per element the sum is the same chain either way.
+template <CpuKernels path, DType dtype>
+inline void add_weighted_rows_with(int queries, float* acc, size_t acc_stride, const std::byte* rows, const float* weights,
+                                   size_t weights_stride, int count, size_t n) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path == CpuKernels::Avx512)
+        if (queries == 4) return add_weighted_rows4_avx512<dtype>(acc, acc_stride, rows, weights, weights_stride, count, n);
+#endif
+    for (int q = 0; q < queries; ++q) {
+#ifdef INFER_X86_KERNELS
+        if constexpr (path != CpuKernels::Portable) {
+            add_weighted_rows_avx2<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
+            continue;
+        }
+#endif
+        add_weighted_rows_portable<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
+    }
+}
+
 template <CpuKernels path>
 inline void add_weighted_rows(DType dtype, int queries, float* acc, size_t acc_stride, const std::byte* rows,
                               const float* weights, size_t weights_stride, int count, size_t n) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path == CpuKernels::Avx512)
-        if (queries == 4) switch (dtype) {
-                case DType::F16: return add_weighted_rows4_avx512<DType::F16>(acc, acc_stride, rows, weights, weights_stride, count, n);
-                case DType::BF16: return add_weighted_rows4_avx512<DType::BF16>(acc, acc_stride, rows, weights, weights_stride, count, n);
-                default: return add_weighted_rows4_avx512<DType::F32>(acc, acc_stride, rows, weights, weights_stride, count, n);
-            }
-#endif
-    for (int q = 0; q < queries; ++q) {
-        float* query_acc = acc + q * acc_stride;
-        const float* query_weights = weights + q * weights_stride;
-        switch (dtype) {
-            case DType::F16: add_weighted_rows_with<path, DType::F16>(query_acc, rows, query_weights, count, n); break;
-            case DType::BF16: add_weighted_rows_with<path, DType::BF16>(query_acc, rows, query_weights, count, n); break;
-            default: add_weighted_rows_with<path, DType::F32>(query_acc, rows, query_weights, count, n);
-        }
+    switch (dtype) {
+        case DType::F16: return add_weighted_rows_with<path, DType::F16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
+        case DType::BF16: return add_weighted_rows_with<path, DType::BF16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
+        default: return add_weighted_rows_with<path, DType::F32>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
     }
 }
 
@@ -2790,8 +2788,8 @@ inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_lis
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does, in eight interleaved partial
 // sums (element i into sum i % 8, the eight added in order at the end): one chain of dependent additions waited
 // four cycles per element, eight independent ones keep the adder busy. The order is fixed, so every path and batch
-// gets the same bits. The gain is read in its stored type by a loop per type (norms are f32 in GGUF files, often
-// bf16 in safetensors ones) rather than widened element by element through Tensor::at.
+// gets the same bits. The gain is read in its stored type by a loop per type (weight_at; norms are f32 in GGUF files,
+// often bf16 or f16 in safetensors ones) rather than through Tensor::at's switch per element.
 inline void rms_norm(const float* x, const Tensor& gain, size_t width, double eps, float* out) {
     double partial_sums[8] = {};
     size_t i = 0;
@@ -2801,20 +2799,14 @@ inline void rms_norm(const float* x, const Tensor& gain, size_t width, double ep
     double sum_squares = 0;
     for (double partial : partial_sums) sum_squares += partial;
     const float scale = static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
-    if (gain.dtype == DType::F32) {
-        for (i = 0; i < width; ++i) {
-            float g;
-            std::memcpy(&g, gain.data + i * 4, 4);  // a file's tensor need not be aligned for a float
-            out[i] = x[i] * scale * g;
-        }
-    } else if (gain.dtype == DType::BF16) {
-        for (i = 0; i < width; ++i) {
-            uint16_t g;
-            std::memcpy(&g, gain.data + i * 2, 2);
-            out[i] = x[i] * scale * bf16_to_f32(g);
-        }
-    } else {
-        for (i = 0; i < width; ++i) out[i] = x[i] * scale * gain.at(static_cast<int64_t>(i));
+    const auto scale_by_gain = [&](auto gain_at) {
+        for (size_t k = 0; k < width; ++k) out[k] = x[k] * scale * gain_at(k);
+    };
+    switch (gain.dtype) {
+        case DType::F32: return scale_by_gain([&](size_t k) { return weight_at<DType::F32>(gain.data, k); });
+        case DType::BF16: return scale_by_gain([&](size_t k) { return weight_at<DType::BF16>(gain.data, k); });
+        case DType::F16: return scale_by_gain([&](size_t k) { return weight_at<DType::F16>(gain.data, k); });
+        default: return scale_by_gain([&](size_t k) { return gain.at(static_cast<int64_t>(k)); });
     }
 }
 
