@@ -3023,15 +3023,15 @@ private:
     // is spread over the threads too. An item scores its whole chunk first (q·k / sqrt(Dh), by the matmul's tile
     // kernel, the cached keys as rows and the tile's query heads as its tokens: each key loaded serves all of them),
     // then per query head takes the chunk's maximum m, the weights exp(s − m), their sum l and the weighted sum of
-    // values. The chunks of one token then merge as an online softmax does (flash decoding): each chunk's sum and
-    // values weighed by exp(its m − the largest m). Two passes over a chunk, keys then values, make each a run of
-    // 512 × Dh values that the hardware prefetchers stream from memory, as they do the weights (walking keys and values
-    // together in short steps left decode at 4k positions waiting on its loads: chapter 07); where a sequence's blocks
-    // are not adjacent in the pool, the next block is requested ahead. Each query takes only the positions it may see
-    // (causal, and Mistral's window). Chunk edges are fixed positions and each score is the tile kernel's fixed sum, so
-    // every result is the same bits whatever the batch, the tiling, the cache's block size or the thread count. Cost
-    // per token and head: 2·Dh multiply-adds per visible position; at long contexts these bytes outweigh the weights'
-    // (chapter 07).
+    // values (on AVX-512 four query rows at a time, so each value loaded serves four). The chunks of one token then
+    // merge as an online softmax does (flash decoding): each chunk's sum and values weighed by exp(its m − the largest
+    // m). Two passes over a chunk, keys then values, make each a run of 512 × Dh values that the hardware prefetchers
+    // stream from memory, as they do the weights (walking keys and values together in short steps left decode at 4k
+    // positions waiting on its loads: chapter 07); where a sequence's blocks are not adjacent in the pool, the next
+    // block is requested ahead. Each query takes only the positions it may see (causal, and Mistral's window). Chunk
+    // edges are fixed positions and each score is the tile kernel's fixed sum, so every result is the same bits
+    // whatever the batch, the tiling, the cache's block size or the thread count. Cost per token and head: 2·Dh
+    // multiply-adds per visible position; at long contexts these bytes outweigh the weights' (chapter 07).
     static constexpr int attention_chunk = 512;   // positions per item
     static constexpr int attention_queries = 8;   // tokens per query tile
 
