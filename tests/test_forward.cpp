@@ -187,6 +187,47 @@ TEST_CASE("bf16 activations: every path gives the definition's bits, with subnor
     }
 }
 
+TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on every path and stored type") {
+    // Batches of 1 to 19 tokens: full tiles, the 4-, 2- and 1-token tiles after them (rows already in L2), and batches
+    // too small for a full tile (one row at a time); K with and without a tail past the last 16 columns.
+    std::mt19937 random(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16})
+        for (size_t K : {64, 131, 768}) {
+            CAPTURE(infer::dtype_name(dtype));
+            CAPTURE(K);
+            const size_t N = 13, row_bytes = static_cast<size_t>(infer::dtype_bytes(dtype, static_cast<int64_t>(K)));
+            std::vector<std::byte> w(N * row_bytes);
+            for (size_t i = 0; i < N * K; ++i) {
+                const float value = 0.05f * normal(random);
+                if (dtype == infer::DType::F32) std::memcpy(&w[i * 4], &value, 4);
+                const uint16_t half = dtype == infer::DType::F16 ? infer::f32_to_f16(value) : infer::f32_to_bf16(value);
+                if (dtype != infer::DType::F32) std::memcpy(&w[i * 2], &half, 2);
+            }
+            const auto matmul = [&](infer::CpuKernels path, const float* x, int T, float* out) {
+                if (dtype == infer::DType::F32) infer::detail::matmul_rows<infer::DType::F32>(path, w.data(), K, N, x, T, out, 0, N);
+                if (dtype == infer::DType::F16) infer::detail::matmul_rows<infer::DType::F16>(path, w.data(), K, N, x, T, out, 0, N);
+                if (dtype == infer::DType::BF16) infer::detail::matmul_rows<infer::DType::BF16>(path, w.data(), K, N, x, T, out, 0, N);
+            };
+            const int max_tokens = 19;
+            infer::AlignedVector<float> x(max_tokens * K);
+            for (float& v : x) v = normal(random);
+            std::vector<float> one_by_one(max_tokens * N);
+            for (int t = 0; t < max_tokens; ++t)
+                matmul(infer::CpuKernels::Portable, x.data() + t * K, 1, one_by_one.data() + t * N);
+            for (infer::CpuKernels path : {infer::CpuKernels::Portable, infer::CpuKernels::Avx2, infer::CpuKernels::Avx512}) {
+                if (!infer::cpu_supports(path)) continue;
+                CAPTURE(infer::cpu_kernels_name(path));
+                for (int T = 1; T <= max_tokens; ++T) {
+                    CAPTURE(T);
+                    std::vector<float> out(T * N);
+                    matmul(path, x.data(), T, out.data());
+                    CHECK(std::equal(out.begin(), out.end(), one_by_one.begin()));
+                }
+            }
+        }
+}
+
 TEST_CASE("bf16 activations on the bf16 fixture: within 0.0125 of its reference, the same bits on every path, batch-invariant") {
     REQUIRE_SHARED_OR_SKIP();
     auto folder = test::shared_dir() / "fixtures/arch/llama/model-bf16";
