@@ -2329,13 +2329,14 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 // - [begin, begin + bytes): a share of the next block, into L2, at the rate the tile reads its own rows. These are the
 //   later tiles over a block, which find it in L2 and bring in the next while they compute. (Asking for their own rows
 //   instead was a tenth slower on the 2048-column matrices: lines pulled into L1 evict the tile's activations.)
-// The smaller tiles read streams the hardware keeps up with (asking there measured the same with four tokens, slower
-// with one or two), and ask for nothing; after a full tile (rows_cached) they find the block in L2.
+// The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
+// four tokens, slower with one or two), and ask for nothing; four tokens of 16-bit rows, three rows at a time, ask
+// for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
 struct Prefetch {
     bool own_rows = false;
     const std::byte* begin = nullptr;
     size_t bytes = 0;
-    bool rows_cached = false;  // a full tile has just passed over these rows
+    bool rows_cached = false;  // another tile has just passed over these rows
 };
 
 // How far ahead of its reads a tile asks for its own rows. Measured with 8 and 16 tokens: 4 KB too few, 8 to 16 KB
@@ -2357,9 +2358,11 @@ template <DType dtype, int C>
 // AVX2 sum takes two registers of eight lanes (16 registers: 6 sums for one row); an AVX-512 sum one of sixteen (32
 // registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in memory order: at decode
 // the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
-// streams measured up to 2× slower there). The tokens left after full tiles (a batch of 9 to 15, a prompt's last
-// few) meet rows a full tile has just brought into L2, where nothing streams: AVX-512 takes them three rows at a time
-// too (110M bf16, a pass's projections for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time).
+// streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
+// take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
+// last few, the 2 and 1 after a 4), whose rows that tile has just brought into L2 (110M bf16, a pass's projections
+// for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time); and 4 tokens of 16-bit weights, whose bytes
+// carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms).
 template <CpuKernels path>
 constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 
@@ -2371,11 +2374,14 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     out += row_begin;
     const size_t rows = row_end - row_begin;
 #ifdef INFER_X86_KERNELS
-    // AVX-512 takes the full tiles, where the arithmetic is the limit, and the tokens after them, whose rows are in L2.
-    // A batch below a full tile is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two
-    // halves per sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way).
-    if constexpr (path == CpuKernels::Avx512)
+    // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
+    // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
+    // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way).
+    if constexpr (path == CpuKernels::Avx512) {
         if (C == tile_tokens<path> || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if constexpr (C == 4 && dtype != DType::F32)  // the first over its block: it reads its rows from memory
+            return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
+    }
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif
     (void)ahead;
@@ -2386,7 +2392,7 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
 // token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
 // (Prefetch above): the first full tile its own rows, the other full tiles an even share each of the next block, the
-// smaller tiles nothing (and whether a full tile went before them).
+// smaller tiles nothing (and whether another tile went over the block before them).
 template <int C, class Tile>
 inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
                                     Tile tile) {
@@ -2403,10 +2409,9 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         };
         int t = 0;
         for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, ahead(t / C));
-        const Prefetch rest{.rows_cached = T >= C};
-        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, rest);
-        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, rest);
-        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, rest);
+        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
+        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
+        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
     }
 }
 
