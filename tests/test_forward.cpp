@@ -189,14 +189,16 @@ TEST_CASE("bf16 activations: every path gives the definition's bits, with subnor
 
 TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on every path and stored type") {
     // Batches of 1 to 19 tokens: full tiles, the 4-, 2- and 1-token tiles after them (rows already in L2), and batches
-    // too small for a full tile (one row at a time); K with and without a tail past the last 16 columns.
+    // too small for a full tile (one row at a time); K with and without a tail past the last 16 columns, and all tail
+    // (9). At K = 2100 the tiles after the first read their columns in panels (8 tokens: three, 4 tokens: two), over
+    // 29 rows: a chunk of 24 and one of 5, whose last two rows go one at a time.
     std::mt19937 random(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16})
-        for (size_t K : {64, 131, 768}) {
+        for (size_t K : {9, 64, 131, 768, 2100}) {
             CAPTURE(infer::dtype_name(dtype));
             CAPTURE(K);
-            const size_t N = 13, row_bytes = static_cast<size_t>(infer::dtype_bytes(dtype, static_cast<int64_t>(K)));
+            const size_t N = K > 1024 ? 29 : 13, row_bytes = static_cast<size_t>(infer::dtype_bytes(dtype, static_cast<int64_t>(K)));
             std::vector<std::byte> w(N * row_bytes);
             for (size_t i = 0; i < N * K; ++i) {
                 const float value = 0.05f * normal(random);
