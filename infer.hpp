@@ -8446,20 +8446,19 @@ template <DType dtype, int C>
     const size_t panels = K16 == 0 ? 1 : (K16 + panel_columns - 1) / panel_columns;  // none left empty by the rounding
     constexpr size_t chunk_rows = 8 * R;  // rows whose sums wait in `partial` between panels
     __m512 partial[chunk_rows][C];
+    // (With one panel the chunks change nothing: a chunk is whole groups of three, so the rows go in the same order.)
     for (size_t chunk = 0; chunk < rows; chunk += chunk_rows) {
-        const size_t chunk_end = panels == 1 ? rows : std::min(rows, chunk + chunk_rows);
+        const size_t chunk_end = std::min(rows, chunk + chunk_rows);
         for (size_t panel = 0; panel < panels; ++panel) {
             const size_t k_begin = panel * panel_columns, k_end = std::min(K16, k_begin + panel_columns);
             size_t n = chunk;
             for (; n + R <= chunk_end; n += R)
-                rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end,
-                                         panels == 1 ? nullptr : partial[n - chunk], out + n, N, ahead.own_rows,
-                                         group_requests(ahead, n / R, group_bytes));
+                rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
+                                         out + n, N, ahead.own_rows, group_requests(ahead, n / R, group_bytes));
             for (; n < chunk_end; ++n)
-                rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end,
-                                         panels == 1 ? nullptr : partial[n - chunk], out + n, N, ahead.own_rows, 0);
+                rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
+                                         out + n, N, ahead.own_rows, 0);
         }
-        if (panels == 1) break;
     }
 }
 
