@@ -2322,7 +2322,7 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 // What a full AVX-512 tile asks the memory system for while it computes (a hint: no effect on any result). The tile
 // reads three rows at once, interleaved streams the hardware prefetchers follow too late, so it asks itself, in one of
 // two ways (for_each_block_and_tile below decides which):
-// - own_rows: the line tile_prefetch_bytes past each line it reads, into L1. This is the first tile over a block,
+// - own_rows: the line tile_prefetch_bytes<C> past each line it reads, into L1. This is the first tile over a block,
 //   which reads the block from memory unless earlier tiles asked for it. The rows of a tile are adjacent, so its
 //   R requests per step cover the matrix contiguously that far ahead, across the block's end into the next. Without
 //   them a tile of 8 tokens reading from memory ran at half the rate of one sequential stream, waiting on its loads.
@@ -2339,9 +2339,11 @@ struct Prefetch {
     bool rows_cached = false;  // another tile has just passed over these rows
 };
 
-// How far ahead of its reads a tile asks for its own rows. Measured with 8 and 16 tokens: 4 KB too few, 8 to 16 KB
-// alike.
-constexpr size_t tile_prefetch_bytes = size_t{8} << 10;
+// How far ahead of its reads a tile of C tokens asks for its own rows: 8 KB for 8 tokens (measured with 8 and 16
+// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower), twice that for 4, whose activations leave the
+// lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms at 16 to 32 KB).
+template <int C>
+constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 
 // A tile's activations that stay in L1 while rows pass under it (L1 holds 32 to 48 KB on CPUs with AVX-512, and the
 // rows pass through it too). Past that (8 tokens of more than 1024 columns: every matrix of a 2048-wide model) a
@@ -8365,16 +8367,16 @@ inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes
 }
 
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
-// own_rows, the line tile_prefetch_bytes past that offset in every row; otherwise R lines of the next block from
+// own_rows, the line tile_prefetch_bytes<C> past that offset in every row; otherwise R lines of the next block from
 // address next_block on (0: none). Always inlined: the kernels' loops must keep them (a plain helper's were dropped).
-template <int R>
+template <int R, int C>
 [[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_rows,
                                                  uintptr_t next_block, size_t step) {
     if (own_rows) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + offset) +
-                                                       tile_prefetch_bytes),
+                                                       tile_prefetch_bytes<C>),
                          _MM_HINT_T0);
     } else if (next_block != 0) {
 #pragma GCC unroll 8
@@ -8403,7 +8405,7 @@ template <DType dtype, int R, int C>
     for (size_t k = k_begin; k < k_end; k += 16) {
         // Own rows: one request per line read (16 columns are a line of f32 weights, half a line of 16-bit ones).
         if (!own_rows || column_bytes == 4 || k % 32 == 0)
-            request_ahead<R>(row, row_bytes, k * column_bytes, own_rows, next_block, k / 16);
+            request_ahead<R, C>(row, row_bytes, k * column_bytes, own_rows, next_block, k / 16);
         __m512 w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
@@ -8484,7 +8486,7 @@ template <int R, int C>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K32; k += 32) {
-        request_ahead<R>(row, row_bytes, k * 2, own_rows, next_block, k / 32);  // a step reads one line of each row
+        request_ahead<R, C>(row, row_bytes, k * 2, own_rows, next_block, k / 32);  // a step reads one line of each row
         __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
