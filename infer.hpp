@@ -2340,8 +2340,9 @@ struct Prefetch {
 };
 
 // How far ahead of its reads a tile of C tokens asks for its own rows: 8 KB for 8 tokens (measured with 8 and 16
-// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower), twice that for 4, whose activations leave the
-// lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms at 16 to 32 KB).
+// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4, whose
+// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms at
+// 16 to 32 KB).
 template <int C>
 constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 
@@ -8443,8 +8444,10 @@ template <DType dtype, int C>
     const size_t K16 = K / 16 * 16, group_bytes = K / 16 * R * 64;
     // Column panels (section 04's tile_activation_bytes), equal multiples of 16, for a tile that finds its rows in L2.
     // The first tile over a block reads them from memory, its requests running ahead along each row: it keeps one.
-    const size_t wanted = ahead.own_rows ? 1 : std::max<size_t>(1, (C * K16 * 4 + tile_activation_bytes - 1) / tile_activation_bytes);
-    const size_t panel_columns = (K16 / 16 + wanted - 1) / wanted * 16;
+    const size_t activation_bytes = C * K16 * 4;
+    const size_t panels_wanted =
+        ahead.own_rows ? 1 : std::max<size_t>(1, (activation_bytes + tile_activation_bytes - 1) / tile_activation_bytes);
+    const size_t panel_columns = (K16 / 16 + panels_wanted - 1) / panels_wanted * 16;
     const size_t panels = K16 == 0 ? 1 : (K16 + panel_columns - 1) / panel_columns;  // none left empty by the rounding
     constexpr size_t chunk_rows = 8 * R;  // rows whose sums wait in `partial` between panels
     __m512 partial[chunk_rows][C];

@@ -198,7 +198,8 @@ TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on ev
         for (size_t K : {9, 64, 131, 768, 2100}) {
             CAPTURE(infer::dtype_name(dtype));
             CAPTURE(K);
-            const size_t N = K > 1024 ? 29 : 13, row_bytes = static_cast<size_t>(infer::dtype_bytes(dtype, static_cast<int64_t>(K)));
+            const size_t N = K > 1024 ? 29 : 13;
+            const size_t row_bytes = static_cast<size_t>(infer::dtype_bytes(dtype, static_cast<int64_t>(K)));
             std::vector<std::byte> w(N * row_bytes);
             for (size_t i = 0; i < N * K; ++i) {
                 const float value = 0.05f * normal(random);
