@@ -2330,8 +2330,8 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 //   later tiles over a block, which find it in L2 and bring in the next while they compute. (Asking for their own rows
 //   instead was a tenth slower on the 2048-column matrices: lines pulled into L1 evict the tile's activations.)
 // The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
-// four tokens, slower with one or two), and ask for nothing; four tokens of 16-bit rows, three rows at a time, ask
-// for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
+// four tokens, slower with one or two), and ask for nothing; four or two tokens of 16-bit rows, three rows at a
+// time, ask for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
 struct Prefetch {
     bool own_rows = false;
     const std::byte* begin = nullptr;
@@ -2340,9 +2340,9 @@ struct Prefetch {
 };
 
 // How far ahead of its reads a tile of C tokens asks for its own rows: 8 KB for 8 tokens (measured with 8 and 16
-// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4, whose
-// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms at
-// 16 to 32 KB).
+// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times
+// for 2, whose activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at
+// 8 KB, 68–81 ms at 16 to 32 KB).
 template <int C>
 constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 
@@ -2372,8 +2372,9 @@ template <DType dtype, int C>
 // streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
 // take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
 // last few, the 2 and 1 after a 4), whose rows that tile has just brought into L2 (110M bf16, a pass's projections
-// for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time); and 4 tokens of 16-bit weights, whose bytes
-// carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms).
+// for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time); and 4 or 2 tokens of 16-bit weights, whose
+// bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms; 1.1B bf16, a decode
+// step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61).
 template <CpuKernels path>
 constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 
@@ -2390,7 +2391,7 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way).
     if constexpr (path == CpuKernels::Avx512) {
         if (C == tile_tokens<path> || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
-        if constexpr (C == 4 && dtype != DType::F32)  // the first over its block: it reads its rows from memory
+        if constexpr ((C == 4 || C == 2) && dtype != DType::F32)  // the first over its block: its rows from memory
             return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
     }
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
