@@ -2326,9 +2326,13 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 //   which reads the block from memory unless earlier tiles asked for it. The rows of a tile are adjacent, so its
 //   R requests per step cover the matrix contiguously that far ahead, across the block's end into the next. Without
 //   them a tile of 8 tokens reading from memory ran at half the rate of one sequential stream, waiting on its loads.
-// - [begin, begin + bytes): a share of the next block, into L2, at the rate the tile reads its own rows. These are the
-//   later tiles over a block, which find it in L2 and bring in the next while they compute. (Asking for their own rows
-//   instead was a tenth slower on the 2048-column matrices: lines pulled into L1 evict the tile's activations.)
+// - [begin, begin + bytes): a share of the next block, into L2. These are the later tiles over a block, which find it
+//   in L2 and bring in the next while they compute. (Asking for their own rows instead was a tenth slower on the
+//   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
+//   R lines at a time, so that its share comes in over most of its run rather than in a burst at its start: with 15
+//   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
+//   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
+//   bf16; 16 tokens have one sharing tile, which asks in every step as before).
 // The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
 // four tokens, slower with one or two), and ask for nothing; four or two tokens of 16-bit rows, three rows at a
 // time, ask for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
@@ -2337,6 +2341,7 @@ struct Prefetch {
     const std::byte* begin = nullptr;
     size_t bytes = 0;
     bool rows_cached = false;  // another tile has just passed over these rows
+    unsigned pace = 0;  // a share's tile asks in one step out of 2^pace
 };
 
 // How far ahead of its reads a tile of C tokens asks for its own rows: 8 KB for 8 tokens (measured with 8 and 16
@@ -2414,10 +2419,12 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
         const int sharing_tiles = T / C - 1;  // the full tiles after the first
+        // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
+        const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
         const auto ahead = [&](int full_tile) {
             if (full_tile == 0) return Prefetch{true};
             const size_t begin = next_bytes * (full_tile - 1) / sharing_tiles, end = next_bytes * full_tile / sharing_tiles;
-            return Prefetch{false, next + begin, end - begin};
+            return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
         };
         int t = 0;
         for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, ahead(t / C));
@@ -8358,31 +8365,41 @@ template <DType dtype>
     }
 }
 
-// A tile asks for its share of the next block (section 04's Prefetch) at the rate it reads its own rows: in each step
-// (one register's width of columns of R rows) R lines. Row group `group` asks from the share's start +
-// group · group_bytes on; a group that starts past the share's end, or a tile with no share, asks for nothing (0).
-// Addresses, not pointers, here and for own rows: the requests may reach past the share (even past the weights), which
-// a hint allows and pointer arithmetic does not.
-inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t group_bytes) {
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin), at = begin + group * group_bytes;
+// A tile asks for its share of the next block (section 04's Prefetch) while it reads its own rows: R lines in one step
+// out of 2^pace (a step: one register's width of columns of R rows). Row group `group`, of `steps` steps, asks from
+// the share's start + group · (the lines a group asks for) on; a group that starts past the share's end, or a tile with
+// no share, asks for nothing (0). Addresses, not pointers, here and for own rows: the requests may reach past the
+// share (even past the weights), which a hint allows and pointer arithmetic does not.
+inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t steps, int R) {
+    const size_t asking_steps = (steps + (size_t{1} << ahead.pace) - 1) >> ahead.pace;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin), at = begin + group * asking_steps * R * 64;
     return at < begin + ahead.bytes ? at : 0;
 }
 
+// The first of the next block's lines that a group asks for in a call from step first_step on: the group asks in the
+// steps whose number is a multiple of 2^pace, R lines each, from address next_block on (0: it asks for none).
+template <int R>
+inline uintptr_t first_request(uintptr_t next_block, size_t first_step, unsigned pace) {
+    return next_block == 0 ? 0 : next_block + ((first_step + (size_t{1} << pace) - 1) >> pace) * R * 64;
+}
+
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
-// own_rows, the line tile_prefetch_bytes<C> past that offset in every row; otherwise R lines of the next block from
-// address next_block on (0: none). Always inlined: the kernels' loops must keep them (a plain helper's were dropped).
+// own_rows, the line tile_prefetch_bytes<C> past that offset in every row; otherwise, where step & ask_mask is 0, R
+// lines of the next block from address `next_lines` on, which then moves past them (0: none). Always inlined: the
+// kernels' loops must keep them (a plain helper's were dropped).
 template <int R, int C>
 [[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_rows,
-                                                 uintptr_t next_block, size_t step) {
+                                                 uintptr_t& next_lines, size_t step, size_t ask_mask) {
     if (own_rows) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + offset) +
                                                        tile_prefetch_bytes<C>),
                          _MM_HINT_T0);
-    } else if (next_block != 0) {
+    } else if (next_lines != 0 && (step & ask_mask) == 0) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(next_block + (step * R + r) * 64), _MM_HINT_T1);
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(next_lines + r * 64), _MM_HINT_T1);
+        next_lines += R * 64;
     }
 }
 
@@ -8396,9 +8413,10 @@ template <DType dtype, int R, int C>
                                                                                     size_t k_begin, size_t k_end,
                                                                                     __m512* partial, float* out,
                                                                                     size_t N, bool own_rows,
-                                                                                    uintptr_t next_block) {
+                                                                                    uintptr_t next_block, unsigned pace) {
     constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
-    const size_t K16 = K / 16 * 16;
+    const size_t K16 = K / 16 * 16, ask_mask = (size_t{1} << pace) - 1;
+    uintptr_t next_lines = first_request<R>(next_block, k_begin / 16, pace);
     __m512 sums[R][C];  // all sixteen lanes of each sum
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -8407,7 +8425,7 @@ template <DType dtype, int R, int C>
     for (size_t k = k_begin; k < k_end; k += 16) {
         // Own rows: one request per line read (16 columns are a line of f32 weights, half a line of 16-bit ones).
         if (!own_rows || column_bytes == 4 || k % 32 == 0)
-            request_ahead<R, C>(row, row_bytes, k * column_bytes, own_rows, next_block, k / 16);
+            request_ahead<R, C>(row, row_bytes, k * column_bytes, own_rows, next_lines, k / 16, ask_mask);
         __m512 w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = load16_avx512<dtype>(row + r * row_bytes, k);
@@ -8442,7 +8460,7 @@ template <DType dtype, int C>
                                                                              size_t rows, const float* x, size_t K, float* out,
                                                                              size_t N, Prefetch ahead) {
     constexpr int R = 3;  // 3 × 8 sums + 3 weights + 1 activation of the 32 registers: each activation load serves 3 rows
-    const size_t K16 = K / 16 * 16, group_bytes = K / 16 * R * 64;
+    const size_t K16 = K / 16 * 16;
     // Column panels (section 04's tile_activation_bytes), equal multiples of 16, for a tile that finds its rows in L2.
     // The first tile over a block reads them from memory, its requests running ahead along each row: it keeps one.
     const size_t activation_bytes = C * K16 * 4;
@@ -8460,10 +8478,10 @@ template <DType dtype, int C>
             size_t n = chunk;
             for (; n + R <= chunk_end; n += R)
                 rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
-                                         out + n, N, ahead.own_rows, group_requests(ahead, n / R, group_bytes));
+                                         out + n, N, ahead.own_rows, group_requests(ahead, n / R, K / 16, R), ahead.pace);
             for (; n < chunk_end; ++n)
                 rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
-                                         out + n, N, ahead.own_rows, 0);
+                                         out + n, N, ahead.own_rows, 0, 0);
         }
     }
 }
@@ -8482,15 +8500,17 @@ template <int R, int C>
                                                                                                    const uint16_t* x,
                                                                                                    size_t K, float* out,
                                                                                                    size_t N, bool own_rows,
-                                                                                                   uintptr_t next_block) {
-    const size_t K32 = K / 32 * 32;
+                                                                                                   uintptr_t next_block,
+                                                                                                   unsigned pace) {
+    const size_t K32 = K / 32 * 32, ask_mask = (size_t{1} << pace) - 1;
+    uintptr_t next_lines = first_request<R>(next_block, 0, pace);
     __m512 sums[R][C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
     for (size_t k = 0; k < K32; k += 32) {
-        request_ahead<R, C>(row, row_bytes, k * 2, own_rows, next_block, k / 32);  // a step reads one line of each row
+        request_ahead<R, C>(row, row_bytes, k * 2, own_rows, next_lines, k / 32, ask_mask);  // a step: a line of each row
         __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) w[r] = (__m512bh)_mm512_loadu_si512(row + r * row_bytes + k * 2);
@@ -8520,12 +8540,11 @@ template <int C>
     // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
     // below the memory's rate.
     constexpr int R = C == 8 ? 3 : 4;
-    const size_t group_bytes = K / 32 * R * 64;
     size_t n = 0;
     for (; n + R <= rows; n += R)
         bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows,
-                               group_requests(ahead, n / R, group_bytes));
-    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows, 0);
+                               group_requests(ahead, n / R, K / 32, R), ahead.pace);
+    for (; n < rows; ++n) bf16_rows_avx512<1, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows, 0, 0);
 }
 
 // exp_nonpositive's operations on eight lanes.
