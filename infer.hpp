@@ -8352,21 +8352,27 @@ template <DType dtype, int C>
     }
 }
 
-// Sixteen weights from column k on, as floats. f32 ones come in two 32-byte halves: GGUF files align tensors to 32
-// bytes, so about half of a file's f32 matrices start 32 bytes into a cache line, and every 64-byte load of their rows
-// then spans two lines, which costs the load twice; 32-byte loads never span two lines there, and at most one of the
-// two does where a tensor starts elsewhere (safetensors: 8 bytes apart). The 110M f32 file's projections, 2 threads,
-// both forms alternating in one process: 16 tokens 1.04–1.06×, 128 tokens 1.09–1.12×, 512 tokens 1.02–1.07× (one
-// 64 MB matrix aligned to 64 bytes: 0.97–1.05×; at 32 bytes: 0.99–1.15×). The values, and so the bits, are the same.
+// The 64 bytes from `at` on, in one register, loaded as two 32-byte halves. GGUF files align tensors to 32 bytes, so
+// about half of a file's matrices start 32 bytes into a cache line, and every 64-byte load of their rows then spans two
+// lines, which costs the load twice; 32-byte loads never span two lines there, and at most one of the two does where a
+// tensor starts elsewhere (safetensors: 8 bytes apart). Both forms alternating in one process, 2 threads: the 110M f32
+// file's projections 1.04–1.06× at 16 tokens, 1.09–1.12× at 128, 1.02–1.07× at 512 (one 64 MB matrix aligned to 64
+// bytes: 0.97–1.05×; at 32 bytes: 0.99–1.15×); bf16 rows in the vdpbf16ps kernel, the 110M and 1.1B files with
+// --bf16-activations, 1.07× at 128 and 512 tokens, 1.00–1.03× at 8 and 16. The values, and so the bits, are the same.
+// (The zero-masked forms here and below: GCC 12's plain ones start from an undefined register, which -Wuninitialized
+// reports.)
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline __m512 load64_in_halves(const std::byte* at) {
+    const __m256d low = _mm256_loadu_pd(reinterpret_cast<const double*>(at));
+    const __m256d high = _mm256_loadu_pd(reinterpret_cast<const double*>(at + 32));
+    const __m512d low_half = _mm512_maskz_insertf64x4(0xFF, _mm512_setzero_pd(), low, 0);
+    return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xFF, low_half, high, 1));
+}
+
+// Sixteen weights from column k on, as floats.
 template <DType dtype>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline __m512 load16_avx512(const std::byte* row, size_t k) {
-    // The zero-masked forms throughout: GCC 12's plain ones start from an undefined register, which -Wuninitialized
-    // reports.
     if constexpr (dtype == DType::F32) {
-        const float* at = reinterpret_cast<const float*>(row) + k;
-        const __m256d low = _mm256_castps_pd(_mm256_loadu_ps(at)), high = _mm256_castps_pd(_mm256_loadu_ps(at + 8));
-        const __m512d low_half = _mm512_maskz_insertf64x4(0xFF, _mm512_setzero_pd(), low, 0);
-        return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xFF, low_half, high, 1));
+        return load64_in_halves(row + k * 4);
     } else {
         const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + k));
         if constexpr (dtype == DType::BF16)
@@ -8375,14 +8381,17 @@ template <DType dtype>
     }
 }
 
+// How many of the steps 0 … steps − 1 ask for lines of the next block: those whose number is a multiple of 2^pace.
+inline size_t asking_steps(size_t steps, unsigned pace) { return (steps + (size_t{1} << pace) - 1) >> pace; }
+
 // A tile asks for its share of the next block (section 04's Prefetch) while it reads its own rows: R lines in one step
 // out of 2^pace (a step: one register's width of columns of R rows). Row group `group`, of `steps` steps, asks from
 // the share's start + group · (the lines a group asks for) on; a group that starts past the share's end, or a tile with
 // no share, asks for nothing (0). Addresses, not pointers, here and for own rows: the requests may reach past the
 // share (even past the weights), which a hint allows and pointer arithmetic does not.
 inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t steps, int R) {
-    const size_t asking_steps = (steps + (size_t{1} << ahead.pace) - 1) >> ahead.pace;
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin), at = begin + group * asking_steps * R * 64;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(ahead.begin);
+    const uintptr_t at = begin + group * asking_steps(steps, ahead.pace) * R * 64;
     return at < begin + ahead.bytes ? at : 0;
 }
 
@@ -8390,7 +8399,7 @@ inline uintptr_t group_requests(Prefetch ahead, size_t group, size_t steps, int 
 // steps whose number is a multiple of 2^pace, R lines each, from address next_block on (0: it asks for none).
 template <int R>
 inline uintptr_t first_request(uintptr_t next_block, size_t first_step, unsigned pace) {
-    return next_block == 0 ? 0 : next_block + ((first_step + (size_t{1} << pace) - 1) >> pace) * R * 64;
+    return next_block == 0 ? 0 : next_block + asking_steps(first_step, pace) * R * 64;
 }
 
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
@@ -8504,15 +8513,6 @@ inline bool cpu_runs_bf16_avx512() {
     return bf16;
 }
 
-// 32 bf16 weights from `at` on, in two 32-byte halves as load16_avx512 loads f32 ones, and for the same reason (the
-// 110M and 1.1B bf16 files' projections with --bf16-activations, 2 threads, alternating in pairs: 128 and 512 tokens
-// 1.07×, 8 and 16 tokens 1.00–1.03×).
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline __m512i load32_bf16_avx512(const std::byte* at) {
-    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32));
-    return _mm512_maskz_inserti64x4(0xFF, _mm512_maskz_inserti64x4(0xFF, _mm512_setzero_si512(), low, 0), high, 1);
-}
-
 template <int R, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] inline void bf16_rows_avx512(const std::byte* row,
                                                                                                    size_t row_bytes,
@@ -8532,7 +8532,7 @@ template <int R, int C>
         request_ahead<R, C>(row, row_bytes, k * 2, own_rows, next_lines, k / 32, ask_mask);  // a step: a line of each row
         __m512bh w[R];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) w[r] = (__m512bh)load32_bf16_avx512(row + r * row_bytes + k * 2);
+        for (int r = 0; r < R; ++r) w[r] = (__m512bh)load64_in_halves(row + r * row_bytes + k * 2);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + c * K + k);
