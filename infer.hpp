@@ -2322,10 +2322,17 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 // What a full AVX-512 tile asks the memory system for while it computes (a hint: no effect on any result). The tile
 // reads three rows at once, interleaved streams the hardware prefetchers follow too late, so it asks itself, in one of
 // two ways (for_each_block_and_tile below decides which):
-// - own_rows: the line tile_prefetch_bytes<C> past each line it reads, into L1. This is the first tile over a block,
-//   which reads the block from memory unless earlier tiles asked for it. The rows of a tile are adjacent, so its
-//   R requests per step cover the matrix contiguously that far ahead, across the block's end into the next. Without
-//   them a tile of 8 tokens reading from memory ran at half the rate of one sequential stream, waiting on its loads.
+// - own_rows: in each of its R rows, the line tile_prefetch_bytes<C> / R ahead of the one it reads, into L1, and past
+//   the row's end that far into the same row of the next R (the rows are adjacent, so the requests cover the matrix,
+//   across the block's end into the next). This is the first tile over a block, which reads the block from memory
+//   unless earlier tiles asked for it. Without the requests a tile of 8 tokens reading from memory ran at half the
+//   rate of one sequential stream, waiting on its loads. The lead is counted along each row because the R rows are
+//   read side by side: a single distance in addresses lands in the next rows of the same R, read at the same moment,
+//   so 8 KB past every line gave one or two rows of every three no lead at all on 4 KB and 8 KB rows (K = 2048 or
+//   4096 in bf16, 2048 in f32). Per row instead of 8 KB in addresses (one matrix from memory, 2 threads): 8 tokens,
+//   bf16 K = 2048 1.08–1.16×, 4096 1.15×, 5632 1.23× (11 KB rows, where each row's lead was 8 KB), f32 K = 2048
+//   1.23×, 4096 1.20×; 4 tokens (16 KB), bf16 K = 4096 1.32×, 8192 1.30×, 2048 and 5632 0.95–1.00×; f32 K = 768
+//   (3 KB rows, where 8 KB in addresses happened to give each row about 2 KB) 0.96–1.00×.
 // - [begin, begin + bytes): a share of the next block, into L2. These are the later tiles over a block, which find it
 //   in L2 and bring in the next while they compute. (Asking for their own rows instead was a tenth slower on the
 //   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
@@ -2344,10 +2351,11 @@ struct Prefetch {
     unsigned pace = 0;  // a share's tile asks in one step out of 2^pace
 };
 
-// How far ahead of its reads a tile of C tokens asks for its own rows: 8 KB for 8 tokens (measured with 8 and 16
-// sequences: 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times
-// for 2, whose activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at
-// 8 KB, 68–81 ms at 16 to 32 KB).
+// How far ahead of its reads a tile of C tokens asks for its own rows, its R rows together (each row a share of it,
+// along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens (measured with 8 and 16 sequences:
+// 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times for 2, whose
+// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms
+// at 16 to 32 KB).
 template <int C>
 constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 
@@ -8403,17 +8411,19 @@ inline uintptr_t first_request(uintptr_t next_block, size_t first_step, unsigned
 }
 
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
-// own_rows, the line tile_prefetch_bytes<C> past that offset in every row; otherwise, where step & ask_mask is 0, R
+// own_rows, the line tile_prefetch_bytes<C> / R past that offset in every row (past the row's end, in the same row
+// of the next R rows: R · row_bytes further on); otherwise, where step & ask_mask is 0, R
 // lines of the next block from address `next_lines` on, which then moves past them (0: none). Always inlined: the
 // kernels' loops must keep them (a plain helper's were dropped).
 template <int R, int C>
 [[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_rows,
                                                  uintptr_t& next_lines, size_t step, size_t ask_mask) {
     if (own_rows) {
+        size_t ahead = offset + tile_prefetch_bytes<C> / R;
+        if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;  // row r's end continues in row r + R
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
-            _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes + offset) +
-                                                       tile_prefetch_bytes<C>),
+            _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row + r * row_bytes) + ahead),
                          _MM_HINT_T0);
     } else if (next_lines != 0 && (step & ask_mask) == 0) {
 #pragma GCC unroll 8
