@@ -2333,13 +2333,17 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 //   bf16 K = 2048 1.08–1.16×, 4096 1.15×, 5632 1.23× (11 KB rows, where each row's lead was 8 KB), f32 K = 2048
 //   1.23×, 4096 1.20×; 4 tokens (16 KB), bf16 K = 4096 1.32×, 8192 1.30×, 2048 and 5632 0.95–1.00×; f32 K = 768
 //   (3 KB rows, where 8 KB in addresses happened to give each row about 2 KB) 0.96–1.00×.
-// - [begin, begin + bytes): a share of the next block, into L2. These are the later tiles over a block, which find it
-//   in L2 and bring in the next while they compute. (Asking for their own rows instead was a tenth slower on the
+// - [begin, begin + bytes): a share of the next block, into L2. These are the full tiles over a block that the
+//   tiles over the block before asked for, which find it in L2 and bring in the next while they compute: the later
+//   tiles, and the first too where a block has two full tiles or more (16 tokens on; one matrix from memory, 2
+//   threads, against the first asking for its own rows: bf16 K = 2048 1.17× at 16 tokens, 1.04–1.08× at 24 to 64,
+//   K = 5632 1.11×; f32 K = 2048 1.15× at 16, K = 768 1.05–1.07× at 32 and 64 but 0.94–0.95× at 16; one full tile
+//   alone measured 0.90× sharing). (The later tiles asking for their own rows instead was a tenth slower on the
 //   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
 //   R lines at a time, so that its share comes in over most of its run rather than in a burst at its start: with 15
 //   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
 //   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
-//   bf16; 16 tokens have one sharing tile, which asks in every step as before).
+//   bf16; a lone sharing tile asks in every step).
 // The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
 // four tokens, slower with one or two), and ask for nothing; four or two tokens of 16-bit rows, three rows at a
 // time, ask for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
@@ -2416,8 +2420,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 // The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
 // token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
-// (Prefetch above): the first full tile its own rows, the other full tiles an even share each of the next block, the
-// smaller tiles nothing (and whether another tile went over the block before them).
+// (Prefetch above): the full tiles an even share each of the next block, the first its own rows instead over the
+// first block and where it is alone; the smaller tiles nothing (and whether another tile went over the block before
+// them).
 template <int C, class Tile>
 inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
                                     Tile tile) {
@@ -2426,12 +2431,17 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         const size_t block_end = std::min(row_end, block + rows_per_block);
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
-        const int sharing_tiles = T / C - 1;  // the full tiles after the first
+        // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
+        // is the only full tile; otherwise every full tile finds the block in L2 and takes a share of the next.
+        const int full_tiles = T / C;
+        const bool first_asks_own = block == row_begin || full_tiles < 2;
+        const int sharing_tiles = full_tiles - (first_asks_own ? 1 : 0);
         // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
         const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
         const auto ahead = [&](int full_tile) {
-            if (full_tile == 0) return Prefetch{true};
-            const size_t begin = next_bytes * (full_tile - 1) / sharing_tiles, end = next_bytes * full_tile / sharing_tiles;
+            if (first_asks_own && full_tile == 0) return Prefetch{true};
+            const int share = full_tile - (first_asks_own ? 1 : 0);
+            const size_t begin = next_bytes * share / sharing_tiles, end = next_bytes * (share + 1) / sharing_tiles;
             return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
         };
         int t = 0;
