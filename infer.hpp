@@ -380,8 +380,9 @@ private:
 // A read-only view of a whole file. Where the OS allows, the file is mapped, not read: loading a multi-gigabyte
 // checkpoint then costs page-table setup, and each weight is paged in from the page cache the first time a matmul
 // touches it. The price: a mapped file that is truncated or rewritten in place while in use takes the process down
-// (SIGBUS) at the next touch of a vanished page. FileAccess::Read copies the bytes into memory instead, which a
-// long-running server may prefer (`infer serve --no-mmap`); it is also the only way where mmap is missing.
+// (SIGBUS) at the next touch of a vanished page. FileAccess::Read copies the bytes into memory instead (in 2 MB pages
+// where Linux allows), which a long-running server may prefer (`infer serve --no-mmap`); it is also the only way where
+// mmap is missing.
 enum class FileAccess { Map, Read };
 
 class MappedFile {
@@ -400,7 +401,7 @@ private:
     std::string path_;
     const std::byte* data_ = nullptr;
     size_t size_ = 0;
-    std::vector<std::byte> copy_;  // the bytes, when read rather than mapped
+    std::unique_ptr<std::byte[]> copy_;  // holds the bytes, when read rather than mapped (data_: where they start)
 };
 
 inline std::string read_text_file(const std::filesystem::path& path);  // a whole file as text (config.json, ...)
@@ -5969,6 +5970,20 @@ inline void ThreadPool::worker_loop(int thread) {
 
 // ---- Files ----------------------------------------------------------------------------------------------------------
 
+namespace detail {
+// `bytes` of uninitialized memory, in 2 MB pages where Linux allows: `start` receives the first byte (2 MB aligned),
+// the returned block owns them.
+inline std::unique_ptr<std::byte[]> huge_page_buffer(size_t bytes, std::byte*& start) {
+    constexpr size_t huge_page = size_t{2} << 20;
+    auto block = std::make_unique_for_overwrite<std::byte[]>(bytes + huge_page);
+    start = block.get() + (huge_page - reinterpret_cast<uintptr_t>(block.get()) % huge_page) % huge_page;
+#ifdef MADV_HUGEPAGE
+    madvise(start, (bytes + huge_page - 1) / huge_page * huge_page, MADV_HUGEPAGE);  // advice only: may be refused
+#endif
+    return block;
+}
+}  // namespace detail
+
 inline MappedFile::MappedFile(const std::filesystem::path& path, FileAccess access) : path_(path.string()) {
 #ifdef INFER_HAVE_MMAP
     if (access == FileAccess::Map) {
@@ -5999,15 +6014,18 @@ inline MappedFile::MappedFile(const std::filesystem::path& path, FileAccess acce
     in.seekg(0, std::ios::end);
     size_ = static_cast<size_t>(in.tellg());
     in.seekg(0);
-    copy_.resize(size_);
-    in.read(reinterpret_cast<char*>(copy_.data()), static_cast<std::streamsize>(size_));
+    // In 2 MB pages where Linux allows: a decode step reads every weight once, and 4 KB pages cost it a page walk
+    // every 4 KB (a 256 MB bf16 matrix from memory, 2 threads, one token: 1.13× in 2 MB pages).
+    std::byte* start = nullptr;
+    copy_ = detail::huge_page_buffer(size_, start);
+    in.read(reinterpret_cast<char*>(start), static_cast<std::streamsize>(size_));
     if (!in) fail(path_, ": read failed");
-    data_ = copy_.data();
+    data_ = start;
 }
 
 inline MappedFile::~MappedFile() {
 #ifdef INFER_HAVE_MMAP
-    if (data_ && size_ > 0 && copy_.empty()) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (data_ && size_ > 0 && !copy_) ::munmap(const_cast<std::byte*>(data_), size_);
 #endif
 }
 
@@ -9406,13 +9424,8 @@ inline void add_row_groups(Model& model) {
     if (matrices.empty()) return;
     size_t total = 0;
     for (const Tensor* t : matrices) total += group_count(*t) * group_bytes(*t);
-    constexpr size_t huge_page = size_t{2} << 20;
-    model.row_group_storage = std::make_unique_for_overwrite<std::byte[]>(total + huge_page);
-    std::byte* start = model.row_group_storage.get();
-    start += (huge_page - reinterpret_cast<uintptr_t>(start) % huge_page) % huge_page;
-#ifdef MADV_HUGEPAGE
-    madvise(start, (total + huge_page - 1) / huge_page * huge_page, MADV_HUGEPAGE);  // advice only: may be refused
-#endif
+    std::byte* start = nullptr;
+    model.row_group_storage = huge_page_buffer(total, start);
     struct Job {
         const Tensor* tensor;
         std::byte* out;

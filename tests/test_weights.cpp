@@ -89,6 +89,18 @@ TEST_CASE("stories260K: GGUF and llama2.c files describe the same model with the
     CHECK(bin.config.context_length == 512);
 }
 
+TEST_CASE("a file read into memory holds the bytes the mapping shows, from a 2 MB boundary") {
+    REQUIRE_SHARED_OR_SKIP();
+    const auto path = test::shared_dir() / "models/stories260K/stories260K.gguf";
+    infer::MappedFile mapped(path, infer::FileAccess::Map), read(path, infer::FileAccess::Read);
+    REQUIRE(read.size() == mapped.size());
+    CHECK(read.size() > 0);
+    CHECK(std::memcmp(read.data(), mapped.data(), read.size()) == 0);
+    CHECK(reinterpret_cast<uintptr_t>(read.data()) % (uintptr_t{2} << 20) == 0);
+    infer::Model model = infer::load_model(path, {}, infer::FileAccess::Read);
+    CHECK(model.config.n_layers == 5);
+}
+
 TEST_CASE("sharded safetensors with an index load like a single file") {
     test::TempDir dir("shards");
     infer::ModelShape shape = tiny_shape();
