@@ -2435,13 +2435,13 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
         // is the only full tile; otherwise every full tile finds the block in L2 and takes a share of the next.
         const int full_tiles = T / C;
-        const bool first_asks_own = block == row_begin || full_tiles < 2;
-        const int sharing_tiles = full_tiles - (first_asks_own ? 1 : 0);
+        const int asking_own = block == row_begin || full_tiles < 2 ? 1 : 0;  // tiles that ask for their own rows
+        const int sharing_tiles = full_tiles - asking_own;
         // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
         const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
         const auto ahead = [&](int full_tile) {
-            if (first_asks_own && full_tile == 0) return Prefetch{true};
-            const int share = full_tile - (first_asks_own ? 1 : 0);
+            if (full_tile < asking_own) return Prefetch{true};
+            const int share = full_tile - asking_own;
             const size_t begin = next_bytes * share / sharing_tiles, end = next_bytes * (share + 1) / sharing_tiles;
             return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
         };
@@ -8440,9 +8440,9 @@ inline uintptr_t first_request(uintptr_t next_block, size_t first_step, unsigned
 
 // The requests of step `step` of R rows (row_bytes apart), which reads the bytes from `offset` on in each: with
 // own_rows, the line tile_prefetch_bytes<C> / R past that offset in every row (past the row's end, in the same row
-// of the next R rows: R · row_bytes further on); otherwise, where step & ask_mask is 0, R
-// lines of the next block from address `next_lines` on, which then moves past them (0: none). Always inlined: the
-// kernels' loops must keep them (a plain helper's were dropped).
+// of the next R rows: R · row_bytes further on); otherwise, where step & ask_mask is 0, R lines of the next block
+// from address `next_lines` on, which then moves past them (0: none). Always inlined: the kernels' loops must keep
+// them (a plain helper's were dropped).
 template <int R, int C>
 [[gnu::always_inline]] inline void request_ahead(const std::byte* row, size_t row_bytes, size_t offset, bool own_rows,
                                                  uintptr_t& next_lines, size_t step, size_t ask_mask) {
