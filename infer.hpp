@@ -2400,12 +2400,11 @@ constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 // tile over a block of 16-bit rows goes as two tiles of C / 2 where that lets its activations stay in L1 (more than
 // 1024 columns, at most 2048: the 1.1B file's attention and gate/up matrices): the first half asks for its own rows
 // from memory, the second finds them in L2. Kept whole, that tile read all its activations from L2 at every step and
-// moved 17–22 GB/s, where 4 tokens of the same rows moved 40–47.
-// The 1.1B bf16 file's matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244
-// GFLOP/s); decode steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where
-// 4 tokens overflow too) ran 172 → 150 GFLOP/s split, and stays whole; so do f32 rows, whose 4-token tiles go one
-// row at a time. (Our reading of the cause: an activation fetched from L2 holds one of the L1's few miss buffers,
-// which the requests for the rows need too.)
+// moved 17–22 GB/s, where 4 tokens of the same rows moved 40–47. (Our reading of the cause: an activation fetched
+// from L2 holds one of the L1's few miss buffers, which the requests for the rows need too.) The 1.1B bf16 file's
+// matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
+// steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
+// 150 GFLOP/s split, and stays whole; so do f32 rows, whose 4-token tiles go one row at a time.
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
