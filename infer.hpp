@@ -2395,6 +2395,8 @@ template <DType dtype, int C>
 // step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61).
 template <CpuKernels path>
 constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
+// Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
+constexpr int tile_rows = 3;
 
 // C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C. The first full
 // tile over a block of 16-bit rows goes as two tiles of C / 2 where that lets its activations stay in L1 (more than
@@ -2446,7 +2448,7 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
     // two rows to the one-row kernel, whose eight sums load an activation per multiply-add (the 1.1B f32 file's down
     // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
     const size_t fit = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
-    const size_t rows_per_block = fit >= 3 ? (fit + 1) / 3 * 3 : fit;
+    const size_t rows_per_block = fit >= tile_rows ? (fit + tile_rows / 2) / tile_rows * tile_rows : fit;
     for (size_t block = row_begin; block < row_end; block += rows_per_block) {
         const size_t block_end = std::min(row_end, block + rows_per_block);
         const std::byte* next = weights + block_end * row_bytes;
@@ -8535,7 +8537,7 @@ template <DType dtype, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
                                                                              size_t rows, const float* x, size_t K, float* out,
                                                                              size_t N, Prefetch ahead) {
-    constexpr int R = 3;  // 3 × 8 sums + 3 weights + 1 activation of the 32 registers: each activation load serves 3 rows
+    constexpr int R = tile_rows;  // each activation load serves R rows
     const size_t K16 = K / 16 * 16;
     // Column panels (section 04's tile_activation_bytes), equal multiples of 16, for a tile that finds its rows in L2.
     // The first tile over a block reads them from memory, its requests running ahead along each row: it keeps one.
@@ -8615,7 +8617,7 @@ template <int C>
     // 3 rows × 8 tokens of sums + 3 weights + 1 activation of the 32 registers, as the float tile. Fewer tokens take 4
     // rows at a time: one row and one token would be a single chain of vdpbf16ps, whose latency then bounds the loop
     // below the memory's rate.
-    constexpr int R = C == 8 ? 3 : 4;
+    constexpr int R = C == 8 ? tile_rows : 4;
     size_t n = 0;
     for (; n + R <= rows; n += R)
         bf16_rows_avx512<R, C>(weights + n * row_bytes, row_bytes, x, K, out + n, N, ahead.own_rows,
