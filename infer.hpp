@@ -2346,8 +2346,9 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 //   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
 //   bf16; a lone sharing tile asks in every step).
 // The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
-// four tokens, slower with one or two), and ask for nothing; four or two tokens of 16-bit rows, three rows at a
-// time, ask for their own rows as a first full tile does; after another tile (rows_cached) the block is in L2.
+// four tokens, slower with one or two), and ask for nothing; four or two tokens three rows at a time (16-bit rows,
+// and f32 rows past one_row_activation_bytes) ask for their own rows as a first full tile does; after another tile
+// (rows_cached) the block is in L2.
 struct Prefetch {
     bool own_rows = false;
     const std::byte* begin = nullptr;
@@ -2372,6 +2373,15 @@ constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 // at K = 2048, 128 tokens: 147 → 161 GFLOP/s; f32 95 → 121).
 constexpr size_t tile_activation_bytes = size_t{32} << 10;
 
+// The activations that a tile one row at a time keeps in L1: it reads all of them again for every row, while the
+// weights stream through L1 beside them, so only about a third of L1. Past that, 4 or 2 tokens of f32 rows go three
+// rows at a time as 16-bit rows always do, each activation loaded serving three rows. One matrix kind at a time over
+// the 22 layers of a 1.1B f32 file (2048 and 5632 columns), 2 threads: 4 tokens moved 22–26 GB/s one row at a time,
+// 44–47 GB/s three at a time (all four kinds, fastest of 9 pairs: 2.1× at 4 tokens, 1.7× at 5 and 6, 1.1× at 2 and
+// 3); the 110M f32 file's down projection (2048 columns) 1.4–1.7× at 4 to 7 tokens, its four kinds together
+// 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
+constexpr size_t one_row_activation_bytes = size_t{16} << 10;
+
 #ifdef INFER_X86_KERNELS
 // (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
 template <DType dtype, int C>
@@ -2392,7 +2402,8 @@ template <DType dtype, int C>
 // last few, the 2 and 1 after a 4), whose rows that tile has just brought into L2 (110M bf16, a pass's projections
 // for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time); and 4 or 2 tokens of 16-bit weights, whose
 // bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms; 1.1B bf16, a decode
-// step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61).
+// step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32 weights whose activations outgrow L1
+// one row at a time (one_row_activation_bytes).
 template <CpuKernels path>
 constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
 // Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
@@ -2426,8 +2437,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
                                                  Prefetch{.rows_cached = true});
             }
         if (C == tile_tokens<path> || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
-        if constexpr ((C == 4 || C == 2) && dtype != DType::F32)  // the first over its block: its rows from memory
-            return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
+        if constexpr (C == 4 || C == 2)  // the first over its block: its rows from memory
+            if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
+                return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
     }
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif

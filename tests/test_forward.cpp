@@ -189,11 +189,12 @@ TEST_CASE("bf16 activations: every path gives the definition's bits, with subnor
 
 TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on every path and stored type") {
     // Batches of 1 to 19 tokens: full tiles, the 4-, 2- and 1-token tiles after them (rows already in L2), and batches
-    // too small for a full tile (one row at a time; 4 and 2 tokens of 16-bit weights three rows at a time, asking for
-    // their own rows ahead); K with and without a tail past the last 16 columns, and all tail (9). At K = 1500 and
-    // 2100 the tiles after the first read their columns in panels (8 tokens: two or three, 4 tokens: one or two), over
-    // 29 rows: a chunk of 24 and one of 5, whose last two rows go one at a time; at 1500 the first full tile of 16-bit
-    // rows goes as two of 4 tokens (8 tokens' activations overflow L1, 4 fit).
+    // too small for a full tile (one row at a time; 4 and 2 tokens three rows at a time, asking for their own rows
+    // ahead: of 16-bit weights, and of f32 weights whose activations pass 16 KB, 4 tokens at K = 1500 and 2100, 2 at
+    // 2100); K with and without a tail past the last 16 columns, and all tail (9). At K = 1500 and 2100 the tiles after
+    // the first read their columns in panels (8 tokens: two or three, 4 tokens: one or two), over 29 rows: a chunk of
+    // 24 and one of 5, whose last two rows go one at a time; at 1500 the first full tile of 16-bit rows goes as two of
+    // 4 tokens (8 tokens' activations overflow L1, 4 fit).
     std::mt19937 random(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16})
