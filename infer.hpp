@@ -2145,10 +2145,11 @@ private:
     }
     void store(const float* from, std::byte* to) const {
         if (dtype_ == DType::F32) return void(std::memcpy(to, from, static_cast<size_t>(head_dim_) * 4));
-        for (int d = 0; d < head_dim_; ++d) {
-            const uint16_t half = dtype_ == DType::BF16 ? f32_to_bf16(from[d]) : f32_to_f16(from[d]);
-            std::memcpy(to + 2 * d, &half, 2);
-        }
+        uint16_t* halves = reinterpret_cast<uint16_t*>(to);  // the pool is 64-byte aligned, a head's vector 2-byte
+        if (dtype_ == DType::BF16)
+            for (int d = 0; d < head_dim_; ++d) halves[d] = f32_to_bf16(from[d]);
+        else
+            for (int d = 0; d < head_dim_; ++d) halves[d] = f32_to_f16(from[d]);
     }
 
     int layers_, block_size_, num_blocks_, kv_heads_, head_dim_;
@@ -5907,22 +5908,22 @@ inline float f16_to_f32(uint16_t half) {
 }
 
 inline uint16_t f32_to_f16(float value) {
-    uint32_t bits = std::bit_cast<uint32_t>(value);
-    uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-    float magnitude = std::fabs(value);
-    if (std::isnan(value)) return sign | 0x7E00;
-    if (magnitude >= 65520.0f) return sign | 0x7C00;  // rounds to infinity
-    if (magnitude < 6.103515625e-05f) {                 // subnormal: a multiple of 2^-24
-        return sign | static_cast<uint16_t>(std::nearbyint(magnitude * 16777216.0f));
+    const uint32_t bits = std::bit_cast<uint32_t>(value);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+    const uint32_t magnitude = bits & 0x7FFFFFFF;
+    if (magnitude >= 0x47800000) return sign | (magnitude > 0x7F800000 ? 0x7E00 : 0x7C00);  // 2^16 on: ∞, or NaN
+    if (magnitude < 0x38800000) {  // below 2^-14, f16's smallest normal: a multiple of 2^-24
+        // Added to 0.5, whose last mantissa bit is worth 2^-24, the value is rounded (to nearest even) where f16
+        // rounds it, and the mantissa bits above 0.5's are the f16 bits (1024, the smallest normal, included).
+        const float shifted = std::bit_cast<float>(magnitude) + 0.5f;
+        return sign | static_cast<uint16_t>(std::bit_cast<uint32_t>(shifted) - 0x3F000000);
     }
-    int exponent = 0;
-    float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5, 1)
-    uint32_t mantissa = static_cast<uint32_t>(std::nearbyint((fraction * 2.0f - 1.0f) * 1024.0f));
-    if (mantissa == 1024) {
-        mantissa = 0;
-        ++exponent;
-    }
-    return sign | static_cast<uint16_t>(((exponent + 14) << 10) | mantissa);
+    // Normal: the exponent rebiased (127 → 15) and the 13 dropped mantissa bits rounded to nearest even. A carry out of
+    // the mantissa lands in the exponent, which is what rounding up to the next power of two means (to ∞ from 65520).
+    // A few integer steps, where frexp and nearbyint cost an f16 cache's writes 2–4 % of a prefill (110M f32, 128 and
+    // 512 tokens; 1.1B bf16, 128).
+    const uint32_t odd = (magnitude >> 13) & 1;
+    return sign | static_cast<uint16_t>((magnitude - 0x38000000 + 0xFFF + odd) >> 13);
 }
 
 namespace detail {

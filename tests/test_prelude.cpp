@@ -42,6 +42,31 @@ TEST_CASE("bf16 and f16 conversions match the IEEE bit patterns") {
     }
 }
 
+TEST_CASE("f32 to f16 rounds to nearest, ties to even, at every pair of neighbouring halves and past the largest") {
+    // Between each finite half and the next (the one after 65504 is 65536, which f16 writes as infinity) the f32
+    // midpoint is exact: it goes to the even neighbour, the float just below it down and the float just above it up,
+    // subnormals included, and the same with the sign bit for the negated values.
+    int wrong = 0;
+    uint32_t first_wrong = 0;
+    for (uint32_t bits = 0; bits < 0x7C00; ++bits) {
+        const float low = infer::f16_to_f32(static_cast<uint16_t>(bits));
+        const float high = bits == 0x7BFF ? 65536.0f : infer::f16_to_f32(static_cast<uint16_t>(bits + 1));
+        const float middle = (low + high) / 2;
+        const uint16_t even = static_cast<uint16_t>(bits % 2 == 0 ? bits : bits + 1);
+        const bool right = infer::f32_to_f16(middle) == even && infer::f32_to_f16(-middle) == (even | 0x8000) &&
+                           infer::f32_to_f16(std::nextafter(middle, 0.0f)) == bits &&
+                           infer::f32_to_f16(std::nextafter(middle, 1e9f)) == bits + 1;
+        if (!right && wrong++ == 0) first_wrong = bits;
+    }
+    CHECK_MESSAGE(wrong == 0, wrong, " pairs round wrongly, the first above half bits ", first_wrong);
+    CHECK(infer::f32_to_f16(65520.0f) == 0x7C00);
+    CHECK(infer::f32_to_f16(-1e30f) == 0xFC00);
+    CHECK(infer::f32_to_f16(std::numeric_limits<float>::infinity()) == 0x7C00);
+    CHECK(infer::f32_to_f16(-0.0f) == 0x8000);
+    CHECK(infer::f32_to_f16(std::ldexp(1.0f, -26)) == 0);  // a quarter of the smallest subnormal
+    CHECK(std::isnan(infer::f16_to_f32(infer::f32_to_f16(std::nanf("")))));
+}
+
 TEST_CASE("a missing file is an error naming it") {
     std::string message = test::error_of([] { infer::MappedFile("no/such/file.gguf"); });
     CHECK(message.find("no/such/file.gguf") != std::string::npos);
