@@ -2145,7 +2145,7 @@ private:
     }
     void store(const float* from, std::byte* to) const {
         if (dtype_ == DType::F32) return void(std::memcpy(to, from, static_cast<size_t>(head_dim_) * 4));
-        uint16_t* halves = reinterpret_cast<uint16_t*>(to);  // the pool is 64-byte aligned, a head's vector 2-byte
+        uint16_t* halves = reinterpret_cast<uint16_t*>(to);  // at a multiple of 2·head_dim bytes into the pool
         if (dtype_ == DType::BF16)
             for (int d = 0; d < head_dim_; ++d) halves[d] = f32_to_bf16(from[d]);
         else
@@ -5914,7 +5914,8 @@ inline uint16_t f32_to_f16(float value) {
     if (magnitude >= 0x47800000) return sign | (magnitude > 0x7F800000 ? 0x7E00 : 0x7C00);  // 2^16 on: ∞, or NaN
     if (magnitude < 0x38800000) {  // below 2^-14, f16's smallest normal: a multiple of 2^-24
         // Added to 0.5, whose last mantissa bit is worth 2^-24, the value is rounded (to nearest even) where f16
-        // rounds it, and the mantissa bits above 0.5's are the f16 bits (1024, the smallest normal, included).
+        // rounds it, and what the sum holds above 0.5 is the f16 bits: a count of 2^-24, up to 1024 (0x400, the bits
+        // of 2^-14, for the values that round up to it).
         const float shifted = std::bit_cast<float>(magnitude) + 0.5f;
         return sign | static_cast<uint16_t>(std::bit_cast<uint32_t>(shifted) - 0x3F000000);
     }
