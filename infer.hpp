@@ -2383,11 +2383,19 @@ constexpr size_t tile_activation_bytes = size_t{32} << 10;
 // 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
 constexpr size_t one_row_activation_bytes = size_t{16} << 10;
 
+// The activations of one pass of AVX2's full tile (two tokens, three_row_tile_avx2) that stay in L1: half of the 32 KB
+// that many AVX2 CPUs have. Past it (more than 2048 columns) the later passes read them in column panels, as
+// tile_activation_bytes has AVX-512's tiles do.
+constexpr size_t pass_activation_bytes = size_t{16} << 10;
+
 #ifdef INFER_X86_KERNELS
 // (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
                                                  size_t K, float* out, size_t N);
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
+                                                           const float* x, size_t K, float* out, size_t N, Prefetch ahead);
 template <DType dtype, int C>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
                                                                              size_t rows, const float* x, size_t K, float* out,
@@ -2395,8 +2403,8 @@ template <DType dtype, int C>
 #endif
 
 // Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
-// AVX2 sum takes two registers of eight lanes (16 registers: 6 sums for one row); an AVX-512 sum one of sixteen (32
-// registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in memory order: at decode
+// AVX2 sum takes two registers of eight lanes (16 registers: 6 sums, one row × 6 tokens or 3 rows × 2); an AVX-512
+// sum one of sixteen (32 registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in memory order: at decode
 // the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
 // streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
 // take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
@@ -2419,6 +2427,13 @@ constexpr int tile_rows = 3;
 // matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
 // steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
 // 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
+// AVX2's full tile goes three rows at a time as well, its 6 tokens in three passes of 2 (three_row_tile_avx2). One
+// row against 6 tokens loads an activation for every multiply-add and reads all six tokens' activations again for
+// every row: past 1365 columns they overflow L1 and come from L2. Three rows at a time (AVX2 forced on the AVX-512
+// machine, 2 threads, all the projections of every layer): the 1.1B f32 and bf16 files 1.4–1.6× at 6 tokens,
+// 1.3–1.4× at 12, 1.17–1.20× at 128; the 110M f32 file 1.11–1.14× at 128, its bf16 twin 1.03–1.15× at 6 and 12,
+// 0.97× at 128. The first tile over a block of f32 rows whose activations fit in L1 stays one row at a time: it reads
+// its rows from memory, where one stream is the faster (110M f32, 6 tokens three rows at a time: 0.83–0.94×).
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
@@ -2428,7 +2443,8 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 #ifdef INFER_X86_KERNELS
     // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
     // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
-    // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way).
+    // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way). On an AVX2
+    // CPU the full tiles go three rows at a time (above).
     if constexpr (path == CpuKernels::Avx512) {
         if constexpr (C == tile_tokens<path> && dtype != DType::F32)
             if (ahead.own_rows && C * K * 4 > tile_activation_bytes && C / 2 * K * 4 <= tile_activation_bytes) {
@@ -2442,6 +2458,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
             if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
                 return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
     }
+    if constexpr (path == CpuKernels::Avx2 && C == tile_tokens<path>)
+        if (dtype != DType::F32 || !ahead.own_rows || C * K * 4 > tile_activation_bytes)
+            return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif
     (void)ahead;
@@ -8401,28 +8420,6 @@ template <DType dtype>
     return _mm_cvtss_f32(sum);
 }
 
-template <DType dtype, int C>
-[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
-                                                 size_t K, float* out, size_t N) {
-    const size_t K16 = K / 16 * 16;
-    for (size_t n = 0; n < rows; ++n) {
-        const std::byte* row = weights + n * row_bytes;
-        __m256 low[C], high[C];  // lanes 0–7 and 8–15 of each sum
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) low[c] = high[c] = _mm256_setzero_ps();
-        for (size_t k = 0; k < K16; k += 16) {
-            const __m256 w_low = load8_avx2<dtype>(row, k), w_high = load8_avx2<dtype>(row, k + 8);
-#pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) {
-                low[c] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + c * K + k), low[c]);
-                high[c] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + c * K + k + 8), high[c]);
-            }
-        }
-        for (int c = 0; c < C; ++c)
-            out[c * N + n] = finish_dot<dtype>(row, x + c * K, K16, K, horizontal_sum(_mm256_add_ps(low[c], high[c])));
-    }
-}
-
 // The 64 bytes from `at` on, in one register, loaded as two 32-byte halves. GGUF files align tensors to 32 bytes, so
 // about half of a file's matrices start 32 bytes into a cache line, and every 64-byte load of their rows then spans two
 // lines, which costs the load twice; 32-byte loads never span two lines there, and at most one of the two does where a
@@ -8495,6 +8492,19 @@ template <int R, int C>
     }
 }
 
+// The column panels of a tile that finds its rows in L2 (section 04's tile_activation_bytes): equal multiples of 16
+// columns, as few as let one panel of C tokens' activations fit in `budget`. A tile that reads its rows from memory
+// (own_rows) keeps one: its requests run ahead along each row.
+struct ColumnPanels {
+    size_t columns, count;
+};
+inline ColumnPanels column_panels(size_t K16, int C, size_t budget, bool own_rows) {
+    const size_t activation_bytes = static_cast<size_t>(C) * K16 * 4;
+    const size_t wanted = own_rows ? 1 : std::max<size_t>(1, (activation_bytes + budget - 1) / budget);
+    const size_t columns = (K16 / 16 + wanted - 1) / wanted * 16;
+    return {columns, K16 == 0 ? 1 : (K16 + columns - 1) / columns};  // none left empty by the rounding
+}
+
 // R rows (row_bytes apart) against C tokens over the columns [k_begin, k_end): R·C sums in registers; and the
 // requests, for the tile's own rows ahead or from address `next_block` on. A panel that does not start at column 0
 // resumes the sums `partial` holds (row r's C sums from partial + r·C); one that ends before the last block of 16
@@ -8553,20 +8563,14 @@ template <DType dtype, int C>
                                                                              size_t N, Prefetch ahead) {
     constexpr int R = tile_rows;  // each activation load serves R rows
     const size_t K16 = K / 16 * 16;
-    // Column panels (section 04's tile_activation_bytes), equal multiples of 16, for a tile that finds its rows in L2.
-    // The first tile over a block reads them from memory, its requests running ahead along each row: it keeps one.
-    const size_t activation_bytes = C * K16 * 4;
-    const size_t panels_wanted =
-        ahead.own_rows ? 1 : std::max<size_t>(1, (activation_bytes + tile_activation_bytes - 1) / tile_activation_bytes);
-    const size_t panel_columns = (K16 / 16 + panels_wanted - 1) / panels_wanted * 16;
-    const size_t panels = K16 == 0 ? 1 : (K16 + panel_columns - 1) / panel_columns;  // none left empty by the rounding
+    const ColumnPanels panels = column_panels(K16, C, tile_activation_bytes, ahead.own_rows);
     constexpr size_t chunk_rows = 8 * R;  // rows whose sums wait in `partial` between panels
     __m512 partial[chunk_rows][C];
     // (With one panel the chunks change nothing: a chunk is whole groups of three, so the rows go in the same order.)
     for (size_t chunk = 0; chunk < rows; chunk += chunk_rows) {
         const size_t chunk_end = std::min(rows, chunk + chunk_rows);
-        for (size_t panel = 0; panel < panels; ++panel) {
-            const size_t k_begin = panel * panel_columns, k_end = std::min(K16, k_begin + panel_columns);
+        for (size_t panel = 0; panel < panels.count; ++panel) {
+            const size_t k_begin = panel * panels.columns, k_end = std::min(K16, k_begin + panels.columns);
             size_t n = chunk;
             for (; n + R <= chunk_end; n += R)
                 rows_avx512<dtype, R, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
@@ -8574,6 +8578,105 @@ template <DType dtype, int C>
             for (; n < chunk_end; ++n)
                 rows_avx512<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, k_begin, k_end, partial[n - chunk],
                                          out + n, N, ahead.own_rows, 0, 0);
+        }
+    }
+}
+
+// The AVX2 twin of rows_avx512: R rows against C tokens over the columns [k_begin, k_end), each sum in two registers
+// (lanes 0–7 and 8–15), with the same panels (partial: sixteen floats per sum) and the same requests ahead.
+template <DType dtype, int R, int C>
+[[gnu::target("avx2,fma,f16c")]] inline void rows_avx2(const std::byte* row, size_t row_bytes, const float* x, size_t K,
+                                                       size_t k_begin, size_t k_end, float* partial, float* out, size_t N,
+                                                       bool own_rows, uintptr_t next_block, unsigned pace) {
+    constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
+    const size_t K16 = K / 16 * 16, ask_mask = (size_t{1} << pace) - 1;
+    const bool asks = own_rows || next_block != 0;
+    uintptr_t next_lines = first_request<R>(next_block, k_begin / 16, pace);
+    __m256 sums[2][R][C];  // [lanes 0–7 or 8–15][row][token]
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c)
+                sums[half][r][c] = k_begin == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(partial + 16 * (r * C + c) + 8 * half);
+    for (size_t k = k_begin; k < k_end; k += 16) {
+        if (asks && (!own_rows || column_bytes == 4 || k % 32 == 0))
+            request_ahead<R, tile_tokens<CpuKernels::Avx2>>(row, row_bytes, k * column_bytes, own_rows, next_lines, k / 16,
+                                                            ask_mask);  // as far ahead as for a whole tile
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {
+            __m256 w[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                __m256 weight = load8_avx2<dtype>(row + r * row_bytes, k + 8 * half);
+                // With several rows, an empty statement that claims to change each loaded value keeps it in a
+                // register (as in rows_avx512): otherwise GCC folds the loads into the multiply-adds and reads every
+                // weight C times and every activation R times. (On a named value, not an array element: on one,
+                // GCC keeps the whole array in memory.)
+                if constexpr (R > 1) __asm__("" : "+x"(weight));
+                w[r] = weight;
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) {
+                __m256 xv = _mm256_loadu_ps(x + c * K + k + 8 * half);
+                if constexpr (R > 1) __asm__("" : "+x"(xv));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) sums[half][r][c] = _mm256_fmadd_ps(w[r], xv, sums[half][r][c]);
+            }
+        }
+    }
+    if (k_end < K16) {
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) _mm256_storeu_ps(partial + 16 * (r * C + c) + 8 * half, sums[half][r][c]);
+        return;
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+            out[c * N + r] = finish_dot<dtype>(row + r * row_bytes, x + c * K, K16, K,
+                                               horizontal_sum(_mm256_add_ps(sums[0][r][c], sums[1][r][c])));
+}
+
+// One row at a time against C tokens, over all its columns, asking for nothing ahead: one stream.
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
+                                                 size_t K, float* out, size_t N) {
+    for (size_t n = 0; n < rows; ++n)
+        rows_avx2<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, 0, K / 16 * 16, nullptr, out + n, N, false, 0, 0);
+}
+
+// A full AVX2 tile three rows at a time, as tile_avx512 reads its rows, in passes of two tokens: 3 rows × 2 tokens ×
+// two registers per sum are 12 of the 16 registers, beside the three rows' weights and one activation. Only the first
+// pass asks ahead; the later ones find the rows in L2 (or in L1, one panel of three rows at a time).
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
+                                                           const float* x, size_t K, float* out, size_t N, Prefetch ahead) {
+    constexpr int R = tile_rows, P = 2;  // rows per group, tokens per pass
+    static_assert(C % P == 0);
+    const size_t K16 = K / 16 * 16;
+    const ColumnPanels panels = column_panels(K16, P, pass_activation_bytes, ahead.own_rows);
+    constexpr size_t chunk_rows = 8 * R;  // rows whose sums wait in `partial` between panels
+    alignas(32) float partial[chunk_rows][P][16];
+    for (int pass = 0; pass < C; pass += P) {
+        const Prefetch asks = pass == 0 ? ahead : Prefetch{};
+        const float* pass_x = x + pass * K;
+        float* pass_out = out + pass * N;
+        for (size_t chunk = 0; chunk < rows; chunk += chunk_rows) {
+            const size_t chunk_end = std::min(rows, chunk + chunk_rows);
+            for (size_t panel = 0; panel < panels.count; ++panel) {
+                const size_t k_begin = panel * panels.columns, k_end = std::min(K16, k_begin + panels.columns);
+                size_t n = chunk;
+                for (; n + R <= chunk_end; n += R)
+                    rows_avx2<dtype, R, P>(weights + n * row_bytes, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
+                                           pass_out + n, N, asks.own_rows, group_requests(asks, n / R, K / 16, R), asks.pace);
+                for (; n < chunk_end; ++n)
+                    rows_avx2<dtype, 1, P>(weights + n * row_bytes, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
+                                           pass_out + n, N, asks.own_rows, 0, 0);
+            }
         }
     }
 }
