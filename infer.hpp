@@ -2444,7 +2444,7 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
     // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
     // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way). On an AVX2
-    // CPU the full tiles go three rows at a time (above).
+    // CPU the same tiles go three rows at a time, in passes of two tokens (above).
     if constexpr (path == CpuKernels::Avx512) {
         if constexpr (C == tile_tokens<path> && dtype != DType::F32)
             if (ahead.own_rows && C * K * 4 > tile_activation_bytes && C / 2 * K * 4 <= tile_activation_bytes) {
@@ -2458,9 +2458,15 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
             if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
                 return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
     }
-    if constexpr (path == CpuKernels::Avx2 && C == tile_tokens<path>)
-        if (dtype != DType::F32 || !ahead.own_rows || C * K * 4 > tile_activation_bytes)
-            return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+    if constexpr (path == CpuKernels::Avx2) {
+        if constexpr (C == tile_tokens<path>)
+            if (dtype != DType::F32 || !ahead.own_rows || C * K * 4 > tile_activation_bytes)
+                return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if constexpr (C == 4 || C == 2)  // as AVX-512's tiles of 4 and 2 above
+            if (ahead.rows_cached || dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
+                return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N,
+                                                     Prefetch{.own_rows = !ahead.rows_cached});
+    }
     if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif
     (void)ahead;

@@ -194,9 +194,9 @@ TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on ev
     // 2100); K with and without a tail past the last 16 columns, and all tail (9). At K = 1500 and 2100 the tiles after
     // the first read their columns in panels (8 tokens: two or three, 4 tokens: one or two), over 29 rows: a chunk of
     // 24 and one of 5, whose last two rows go one at a time; at 1500 the first full tile of 16-bit rows goes as two of
-    // 4 tokens (8 tokens' activations overflow L1, 4 fit). AVX2's full tiles of 6 go three rows at a time in passes of
-    // 2 tokens, except the first over a block of f32 rows at K ≤ 768 (one row at a time); at 2100 the tiles after the
-    // first read each pass's activations in two panels.
+    // 4 tokens (8 tokens' activations overflow L1, 4 fit). AVX2 takes the same tiles three rows at a time, in passes of
+    // 2 tokens (its full tiles are 6 tokens: one row at a time only for the first over a block of f32 rows at K ≤ 768);
+    // at 2100 the tiles after the first read each pass's activations in two panels.
     std::mt19937 random(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16})
