@@ -2404,8 +2404,8 @@ template <DType dtype, int C>
 
 // Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
 // AVX2 sum takes two registers of eight lanes (16 registers: 6 sums, one row × 6 tokens or 3 rows × 2); an AVX-512
-// sum one of sixteen (32 registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in memory order: at decode
-// the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
+// sum one of sixteen (32 registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in
+// memory order: at decode the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
 // streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
 // take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
 // last few, the 2 and 1 after a 4), whose rows that tile has just brought into L2 (110M bf16, a pass's projections
@@ -2433,7 +2433,8 @@ constexpr int tile_rows = 3;
 // machine, 2 threads, all the projections of every layer): the 1.1B f32 and bf16 files 1.4–1.6× at 6 tokens,
 // 1.3–1.4× at 12, 1.17–1.20× at 128; the 110M f32 file 1.11–1.14× at 128, its bf16 twin 1.03–1.15× at 6 and 12,
 // 0.97× at 128. The first tile over a block of f32 rows whose activations fit in L1 stays one row at a time: it reads
-// its rows from memory, where one stream is the faster (110M f32, 6 tokens three rows at a time: 0.83–0.94×).
+// its rows from memory, where one stream is the faster (110M f32, 6 tokens three rows at a time: 0.83–0.94×). AVX2's
+// tiles of 4 and 2 follow AVX-512's rule (the 1.1B files 1.24–1.75× at 2 to 5 tokens, the 110M ones 0.95–1.09×).
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
@@ -8655,9 +8656,11 @@ template <DType dtype, int C>
         rows_avx2<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, 0, K / 16 * 16, nullptr, out + n, N, false, 0, 0);
 }
 
-// A full AVX2 tile three rows at a time, as tile_avx512 reads its rows, in passes of two tokens: 3 rows × 2 tokens ×
-// two registers per sum are 12 of the 16 registers, beside the three rows' weights and one activation. Only the first
-// pass asks ahead; the later ones find the rows in L2 (or in L1, one panel of three rows at a time).
+// An AVX2 tile three rows at a time, as tile_avx512 reads its rows, in passes of two tokens: 3 rows × 2 tokens × two
+// registers per sum are 12 of the 16 registers, beside the three rows' weights and one activation. Only the first
+// pass asks ahead; the later ones find the rows in L2. (The chunk and panel loops are tile_avx512's: a shared helper
+// would take the kernels in a lambda, which does not inherit their target attribute: built for a CPU without
+// AVX-512, GCC then calls rows_avx512 once per group instead of inlining it.)
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
                                                            const float* x, size_t K, float* out, size_t N, Prefetch ahead) {
