@@ -2383,10 +2383,10 @@ constexpr size_t tile_activation_bytes = size_t{32} << 10;
 // 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
 constexpr size_t one_row_activation_bytes = size_t{16} << 10;
 
-// The activations of one pass of AVX2's three-row tile (two tokens, three_row_tile_avx2) that stay in L1: half of the
-// 32 KB that many AVX2 CPUs have (on the 1.1B f32 file here, with a 48 KB L1, 16 KB ran as fast as 32 or faster).
-// Past it (more than 2048 columns) the later passes read them in column panels, as tile_activation_bytes has
-// AVX-512's tiles do.
+// The activations of one pass of AVX2's three-row tile (four tokens or two, three_row_tile_avx2) that stay in L1: half
+// of the 32 KB that many AVX2 CPUs have (on the 1.1B f32 file here, with a 48 KB L1, 16 KB ran as fast as 32 or
+// faster). Past it (four tokens of more than 1024 columns) the passes that find their rows in L2 read them in column
+// panels, as tile_activation_bytes has AVX-512's tiles do.
 constexpr size_t pass_activation_bytes = size_t{16} << 10;
 
 #ifdef INFER_X86_KERNELS
@@ -2404,8 +2404,8 @@ template <DType dtype, int C>
 #endif
 
 // Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
-// AVX2 sum takes two registers of eight lanes (16 registers: 6 sums, one row × 6 tokens or 3 rows × 2); an AVX-512
-// sum one of sixteen (32 registers: 8 tokens × 3 rows). Below a full tile of tokens the rows go one at a time, in
+// AVX-512 sum is one register of sixteen lanes (32 registers: 8 tokens × 3 rows); an AVX2 sum two of eight, or one
+// while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens the rows go one at a time, in
 // memory order: at decode the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
 // streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
 // take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
@@ -2414,8 +2414,7 @@ template <DType dtype, int C>
 // bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms; 1.1B bf16, a decode
 // step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32 weights whose activations outgrow L1
 // one row at a time (one_row_activation_bytes).
-template <CpuKernels path>
-constexpr int tile_tokens = path == CpuKernels::Avx512 ? 8 : 6;
+constexpr int tile_tokens = 8;
 // Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
 constexpr int tile_rows = 3;
 
@@ -2428,14 +2427,11 @@ constexpr int tile_rows = 3;
 // matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
 // steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
 // 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
-// AVX2's full tile goes three rows at a time as well, its 6 tokens in three passes of 2 (three_row_tile_avx2). One
-// row against 6 tokens loads an activation for every multiply-add and reads all six tokens' activations again for
-// every row: past 1365 columns they overflow L1 and come from L2. Three rows at a time (AVX2 forced on the AVX-512
-// machine, 2 threads, all the projections of every layer): the 1.1B f32 and bf16 files 1.4–1.6× at 6 tokens,
-// 1.3–1.4× at 12, 1.17–1.20× at 128; the 110M f32 file 1.11–1.14× at 128, its bf16 twin 1.03–1.15× at 6 and 12,
-// 0.97× at 128. The first tile over a block of f32 rows whose activations fit in L1 stays one row at a time: it reads
-// its rows from memory, where one stream is the faster (110M f32, 6 tokens three rows at a time: 0.83–0.94×). AVX2's
-// tiles of 4 and 2 follow AVX-512's rule (the 1.1B files 1.24–1.75× at 2 to 5 tokens, the 110M ones 0.95–1.09×).
+// AVX2's full tile goes three rows at a time as well, its 8 tokens in two passes of 4 (three_row_tile_avx2), each
+// sum's two halves in turn (rows_avx2_by_halves). Against 6-token tiles in three passes of 2 (AVX2 forced on the
+// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs): 8 tokens 1.00–1.20×,
+// 16 tokens 1.04–1.26×, 128 tokens 1.03–1.16× on the 110M and 1.1B files, f32 and bf16. AVX2's tiles of 4 and 2
+// follow AVX-512's rule, 4 tokens in one pass (the 1.1B f32 file 1.09–1.13× at 4 tokens, its bf16 twin 1.27–1.31×).
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
@@ -2446,24 +2442,22 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
     // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
     // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
     // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way). On an AVX2
-    // CPU the same tiles go three rows at a time, in passes of two tokens (above).
+    // CPU the same tiles go three rows at a time, in passes of four tokens or two (above).
     if constexpr (path == CpuKernels::Avx512) {
-        if constexpr (C == tile_tokens<path> && dtype != DType::F32)
+        if constexpr (C == tile_tokens && dtype != DType::F32)
             if (ahead.own_rows && C * K * 4 > tile_activation_bytes && C / 2 * K * 4 <= tile_activation_bytes) {
                 // The first tile over a block, in halves whose activations fit in L1 (above).
                 tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
                 return tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x + C / 2 * K, K, out + C / 2 * N, N,
                                                  Prefetch{.rows_cached = true});
             }
-        if (C == tile_tokens<path> || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if (C == tile_tokens || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
         if constexpr (C == 4 || C == 2)  // the first over its block: its rows from memory
             if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
                 return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
     }
     if constexpr (path == CpuKernels::Avx2) {
-        if constexpr (C == tile_tokens<path>)
-            if (dtype != DType::F32 || !ahead.own_rows || C * K * 4 > tile_activation_bytes)
-                return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if constexpr (C == tile_tokens) return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
         if constexpr (C == 4 || C == 2)  // as AVX-512's tiles of 4 and 2 above
             if (ahead.rows_cached || dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
                 return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N,
@@ -2526,7 +2520,7 @@ inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_
     const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
         token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
     };
-    for_each_block_and_tile<tile_tokens<path>>(weights, row_bytes, T, row_begin, row_end, tile);
+    for_each_block_and_tile<tile_tokens>(weights, row_bytes, T, row_begin, row_end, tile);
 }
 
 template <DType dtype>
@@ -8591,7 +8585,10 @@ template <DType dtype, int C>
 }
 
 // The AVX2 twin of rows_avx512: R rows against C tokens over the columns [k_begin, k_end), each sum in two registers
-// (lanes 0–7 and 8–15), with the same panels (partial: sixteen floats per sum) and the same requests ahead.
+// (lanes 0–7 and 8–15), with the same panels (partial: sixteen floats per sum) and the same requests ahead. A pass of
+// two tokens asks as far ahead as a tile of pass_request_tokens would (3.6 KB along each of three rows): two tokens'
+// own distance (32 KB) ran 2–6 % slower on the 1.1B files, a pass of four's (16 KB) faster on bf16, slower on f32.
+constexpr int pass_request_tokens = 6;
 template <DType dtype, int R, int C>
 [[gnu::target("avx2,fma,f16c")]] inline void rows_avx2(const std::byte* row, size_t row_bytes, const float* x, size_t K,
                                                        size_t k_begin, size_t k_end, float* partial, float* out, size_t N,
@@ -8610,8 +8607,7 @@ template <DType dtype, int R, int C>
                 sums[half][r][c] = k_begin == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(partial + 16 * (r * C + c) + 8 * half);
     for (size_t k = k_begin; k < k_end; k += 16) {
         if (asks && (!own_rows || column_bytes == 4 || k % 32 == 0))
-            request_ahead<R, tile_tokens<CpuKernels::Avx2>>(row, row_bytes, k * column_bytes, own_rows, next_lines, k / 16,
-                                                            ask_mask);  // as far ahead as for a whole tile
+            request_ahead<R, pass_request_tokens>(row, row_bytes, k * column_bytes, own_rows, next_lines, k / 16, ask_mask);
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
             __m256 w[R];
@@ -8657,15 +8653,86 @@ template <DType dtype, int C>
         rows_avx2<dtype, 1, C>(weights + n * row_bytes, row_bytes, x, K, 0, K / 16 * 16, nullptr, out + n, N, false, 0, 0);
 }
 
-// An AVX2 tile three rows at a time, as tile_avx512 reads its rows, in passes of two tokens: 3 rows × 2 tokens × two
-// registers per sum are 12 of the 16 registers, beside the three rows' weights and one activation. Only the first
-// pass asks ahead; the later ones find the rows in L2. (The chunk and panel loops are tile_avx512's: a shared helper
-// would take the kernels in a lambda, which does not inherit their target attribute: built for a CPU without
-// AVX-512, GCC then calls rows_avx512 once per group instead of inlining it.)
+// R rows against C tokens over the columns [k_begin, k_end), as rows_avx2, but each sum's low eight lanes and then its
+// high eight, over a span of columns at a time: a sum is then one register, and 3 rows × 4 tokens fit (12 of the 16
+// registers, beside three weights and one activation) where whole sums fit 3 × 2. Each lane still adds its columns in
+// order and the halves meet only at the end, so the bits are rows_avx2's. Each weight loaded serves four tokens and
+// each activation three rows; the high half finds the span's rows in L1, and asks for nothing. Its sums wait in
+// memory between the halves (`held`), 24 stores and loads per span.
+template <DType dtype, int R, int C>
+[[gnu::target("avx2,fma,f16c")]] inline void rows_avx2_by_halves(const std::byte* row, size_t row_bytes, const float* x,
+                                                                 size_t K, size_t k_begin, size_t k_end, float* partial,
+                                                                 float* out, size_t N, bool own_rows, uintptr_t next_block,
+                                                                 unsigned pace) {
+    constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
+    // 1 KB of each row (256 f32 columns, 512 16-bit ones). 1.1B f32 file at 4 and 16 tokens: 1.02–1.06× a span of
+    // 512 f32 columns, 1024 columns 0.81–0.91×; 16-bit rows ran 256 columns 0.96–0.99× of 512.
+    constexpr size_t span_columns = 1024 / column_bytes;
+    const size_t K16 = K / 16 * 16, ask_mask = (size_t{1} << pace) - 1;
+    const bool asks = own_rows || next_block != 0;
+    uintptr_t next_lines = first_request<R>(next_block, k_begin / 16, pace);
+    alignas(32) float held[2][R][C][8];  // [lanes 0–7 or 8–15][row][token]
+    for (int half = 0; half < 2; ++half)
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c)
+                _mm256_store_ps(held[half][r][c], k_begin == 0 ? _mm256_setzero_ps()
+                                                               : _mm256_loadu_ps(partial + 16 * (r * C + c) + 8 * half));
+    for (size_t span = k_begin; span < k_end; span += span_columns) {
+        const size_t span_end = std::min(k_end, span + span_columns);
+#pragma GCC unroll 1
+        for (int half = 0; half < 2; ++half) {
+            __m256 sums[R][C];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) sums[r][c] = _mm256_load_ps(held[half][r][c]);
+            for (size_t k = span; k < span_end; k += 16) {
+                if (half == 0 && asks && (!own_rows || column_bytes == 4 || k % 32 == 0))
+                    request_ahead<R, C>(row, row_bytes, k * column_bytes, own_rows, next_lines, k / 16, ask_mask);
+                __m256 w[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    __m256 weight = load8_avx2<dtype>(row + r * row_bytes, k + 8 * half);
+                    __asm__("" : "+x"(weight));  // kept in a register, as in rows_avx2
+                    w[r] = weight;
+                }
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) {
+                    __m256 xv = _mm256_loadu_ps(x + c * K + k + 8 * half);
+                    __asm__("" : "+x"(xv));
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) sums[r][c] = _mm256_fmadd_ps(w[r], xv, sums[r][c]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) _mm256_store_ps(held[half][r][c], sums[r][c]);
+        }
+    }
+    if (k_end < K16) {
+        for (int half = 0; half < 2; ++half)
+            for (int r = 0; r < R; ++r)
+                for (int c = 0; c < C; ++c)
+                    _mm256_storeu_ps(partial + 16 * (r * C + c) + 8 * half, _mm256_load_ps(held[half][r][c]));
+        return;
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            const __m256 sum = _mm256_add_ps(_mm256_load_ps(held[0][r][c]), _mm256_load_ps(held[1][r][c]));
+            out[c * N + r] = finish_dot<dtype>(row + r * row_bytes, x + c * K, K16, K, horizontal_sum(sum));
+        }
+}
+
+// An AVX2 tile three rows at a time, as tile_avx512 reads its rows, in passes of four tokens (rows_avx2_by_halves), or
+// of two for a tile of 2 (rows_avx2: 3 rows × 2 tokens × two registers per sum). Only the first pass asks ahead; the
+// other finds the rows in L2. (The chunk and panel loops are tile_avx512's: a shared helper would take the kernels in
+// a lambda, which does not inherit their target attribute: built for a CPU without AVX-512, GCC then calls
+// rows_avx512 once per group instead of inlining it.)
 template <DType dtype, int C>
 [[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
                                                            const float* x, size_t K, float* out, size_t N, Prefetch ahead) {
-    constexpr int R = tile_rows, P = 2;  // rows per group, tokens per pass
+    constexpr int R = tile_rows, P = C % 4 == 0 ? 4 : 2;  // rows per group, tokens per pass
     static_assert(C % P == 0);
     const size_t K16 = K / 16 * 16;
     const ColumnPanels panels = column_panels(K16, P, pass_activation_bytes, ahead.own_rows);
@@ -8680,9 +8747,16 @@ template <DType dtype, int C>
             for (size_t panel = 0; panel < panels.count; ++panel) {
                 const size_t k_begin = panel * panels.columns, k_end = std::min(K16, k_begin + panels.columns);
                 size_t n = chunk;
-                for (; n + R <= chunk_end; n += R)
-                    rows_avx2<dtype, R, P>(weights + n * row_bytes, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
-                                           pass_out + n, N, asks.own_rows, group_requests(asks, n / R, K / 16, R), asks.pace);
+                for (; n + R <= chunk_end; n += R) {
+                    const std::byte* group = weights + n * row_bytes;
+                    const uintptr_t next_block = group_requests(asks, n / R, K / 16, R);
+                    if constexpr (P == 4)
+                        rows_avx2_by_halves<dtype, R, P>(group, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
+                                                         pass_out + n, N, asks.own_rows, next_block, asks.pace);
+                    else
+                        rows_avx2<dtype, R, P>(group, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
+                                               pass_out + n, N, asks.own_rows, next_block, asks.pace);
+                }
                 for (; n < chunk_end; ++n)
                     rows_avx2<dtype, 1, P>(weights + n * row_bytes, row_bytes, pass_x, K, k_begin, k_end, partial[n - chunk][0],
                                            pass_out + n, N, asks.own_rows, 0, 0);

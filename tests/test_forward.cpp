@@ -195,8 +195,9 @@ TEST_CASE("the matmul tile: any batch gives each token its one-token bits, on ev
     // the first read their columns in panels (8 tokens: two or three, 4 tokens: one or two), over 29 rows: a chunk of
     // 24 and one of 5, whose last two rows go one at a time; at 1500 the first full tile of 16-bit rows goes as two of
     // 4 tokens (8 tokens' activations overflow L1, 4 fit). AVX2 takes the same tiles three rows at a time, in passes of
-    // 2 tokens (its full tiles are 6 tokens: one row at a time only for the first over a block of f32 rows at K ≤ 768);
-    // at 2100 the tiles after the first read each pass's activations in two panels.
+    // 4 tokens, each sum's two halves in turn over spans of 1 KB of each row (three at K = 768 for f32, a short last
+    // one in every panel at 1500 and 2100), or of 2 tokens; at 1500 and 2100 the passes of 4 after the first read
+    // their activations in two and three panels.
     std::mt19937 random(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (infer::DType dtype : {infer::DType::F32, infer::DType::F16, infer::DType::BF16})
