@@ -2429,9 +2429,9 @@ constexpr int tile_rows = 3;
 // 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
 // AVX2's full tile goes three rows at a time as well, its 8 tokens in two passes of 4 (three_row_tile_avx2), each
 // sum's two halves in turn (rows_avx2_by_halves). Against 6-token tiles in three passes of 2 (AVX2 forced on the
-// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs): 8 tokens 1.00–1.20×,
-// 16 tokens 1.04–1.26×, 128 tokens 1.03–1.16× on the 110M and 1.1B files, f32 and bf16. AVX2's tiles of 4 and 2
-// follow AVX-512's rule, 4 tokens in one pass (the 1.1B f32 file 1.09–1.13× at 4 tokens, its bf16 twin 1.27–1.31×).
+// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs), on the 110M and
+// 1.1B files, f32 and bf16: 8 tokens 1.03–1.24×, 16 tokens 0.99–1.14×, 128 tokens 1.04–1.16×. AVX2's tiles of 4 and 2
+// follow AVX-512's rule, 4 tokens in one pass instead of two passes of 2 (1.09–1.31×).
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
