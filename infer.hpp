@@ -2405,15 +2405,15 @@ template <DType dtype, int C>
 
 // Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
 // AVX-512 sum is one register of sixteen lanes (32 registers: 8 tokens × 3 rows); an AVX2 sum two of eight, or one
-// while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens the rows go one at a time, in
-// memory order: at decode the matrix is then one sequential stream, which the hardware prefetchers follow best (interleaving several rows'
-// streams measured up to 2× slower there). Two exceptions, where the arithmetic is the limit rather than the stream,
-// take AVX-512 three rows at a time too: the tokens after the first tile over a block (a batch of 9 to 15, a prompt's
-// last few, the 2 and 1 after a 4), whose rows that tile has just brought into L2 (110M bf16, a pass's projections
-// for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time); and 4 or 2 tokens of 16-bit weights, whose
-// bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0 ms → 7.0 and 7.7 ms; 1.1B bf16, a decode
-// step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32 weights whose activations outgrow L1
-// one row at a time (one_row_activation_bytes).
+// while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens
+// the rows go one at a time, in memory order: at decode the matrix is then one sequential stream, which the hardware
+// prefetchers follow best (interleaving several rows' streams measured up to 2× slower there). Two exceptions, where
+// the arithmetic is the limit rather than the stream, take AVX-512 three rows at a time too: the tokens after the first
+// tile over a block (a batch of 9 to 15, a prompt's last few, the 2 and 1 after a 4), whose rows that tile has just
+// brought into L2 (110M bf16, a pass's projections for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time);
+// and 4 or 2 tokens of 16-bit weights, whose bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0
+// ms → 7.0 and 7.7 ms; 1.1B bf16, a decode step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32
+// weights whose activations outgrow L1 one row at a time (one_row_activation_bytes).
 constexpr int tile_tokens = 8;
 // Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
 constexpr int tile_rows = 3;
@@ -8665,8 +8665,8 @@ template <DType dtype, int R, int C>
                                                                  float* out, size_t N, bool own_rows, uintptr_t next_block,
                                                                  unsigned pace) {
     constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
-    // 1 KB of each row (256 f32 columns, 512 16-bit ones). 1.1B f32 file at 4 and 16 tokens: 1.02–1.06× a span of
-    // 512 f32 columns, 1024 columns 0.81–0.91×; 16-bit rows ran 256 columns 0.96–0.99× of 512.
+    // 1 KB of each row (256 f32 columns, 512 16-bit ones). On the 1.1B f32 file 256 columns ran 1.02–1.06× faster
+    // than 512, and 1024 0.81–0.91× of 512; 16-bit rows of 256 columns 0.96–0.99× of 512.
     constexpr size_t span_columns = 1024 / column_bytes;
     const size_t K16 = K / 16 * 16, ask_mask = (size_t{1} << pace) - 1;
     const bool asks = own_rows || next_block != 0;
