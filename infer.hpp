@@ -2463,7 +2463,9 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
                 return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N,
                                                      Prefetch{.own_rows = !ahead.rows_cached});
     }
-    if constexpr (path != CpuKernels::Portable) return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+    // (A full tile never reaches here on a SIMD path: each returned above.)
+    if constexpr (path != CpuKernels::Portable && C != tile_tokens)
+        return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
 #endif
     (void)ahead;
     tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
