@@ -2346,6 +2346,8 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
 //   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
 //   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
 //   bf16; a lone sharing tile asks in every step).
+//   Only the last of those tiles share the next block, as many as bring at most next_block_activation_bytes of
+//   activations after the first of them (below).
 // The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
 // four tokens, slower with one or two), and ask for nothing; four or two tokens three rows at a time (16-bit rows,
 // and f32 rows past one_row_activation_bytes) ask for their own rows as a first full tile does; after another tile
@@ -2357,6 +2359,17 @@ struct Prefetch {
     bool rows_cached = false;  // another tile has just passed over these rows
     unsigned pace = 0;  // a share's tile asks in one step out of 2^pace
 };
+
+// The activations that pass through L2 between the first request for the next block and the end of this one: the tiles
+// that share the next block are the last ones over this block whose activations come to this much, and at least four.
+// Asked for earlier, the next block's rows wait in L2 while every later tile's activations come through it (with 128
+// tokens of 2048 f32 columns, 1 MB of them per block), and some are gone before their turn. Against every full tile
+// sharing, 2 threads, AVX-512: all the projections of every layer of the 1.1B f32 file 1.02–1.04× at 128 and 512
+// tokens (its 2048-column matrices 1.03–1.04×, the 5632-column one 1.00×); whole prefill passes of 128 tokens (both
+// builds alternating, fastest and median of 7 to 15 pairs) 1.1B f32 1.03–1.05×, bf16 1.02–1.03×, 110M f32 1.00–1.01×;
+// with AVX2 forced, 1.1B f32 1.01–1.06×, 110M f32 1.00×.
+constexpr size_t next_block_activation_bytes = size_t{256} << 10;
+constexpr int fewest_sharing_tiles = 4;
 
 // How far ahead of its reads a tile of C tokens asks for its own rows, its R rows together (each row a share of it,
 // along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens (measured with 8 and 16 sequences:
@@ -2474,12 +2487,12 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 // The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
 // block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
 // token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
-// (Prefetch above): the full tiles an even share each of the next block, the first its own rows instead over the
+// (Prefetch above): the last full tiles an even share each of the next block, the first its own rows instead over the
 // first block and where it is alone; the smaller tiles nothing (and whether another tile went over the block before
 // them).
 template <int C, class Tile>
-inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, int T, size_t row_begin, size_t row_end,
-                                    Tile tile) {
+inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, size_t token_bytes, int T,
+                                    size_t row_begin, size_t row_end, Tile tile) {
     // About 256 KB, rounded to whole groups of three rows, the full tile's: a block of 11 rows of 5632 f32 columns left
     // two rows to the one-row kernel, whose eight sums load an activation per multiply-add (the 1.1B f32 file's down
     // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
@@ -2490,15 +2503,19 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
         // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
-        // is the only full tile; otherwise every full tile finds the block in L2 and takes a share of the next.
+        // is the only full tile; otherwise the full tiles find the block in L2, and the last of them
+        // (next_block_activation_bytes) take a share each of the next.
         const int full_tiles = T / C;
         const int asking_own = block == row_begin || full_tiles < 2 ? 1 : 0;  // tiles that ask for their own rows
-        const int sharing_tiles = full_tiles - asking_own;
+        const int late_tiles = std::max(fewest_sharing_tiles, static_cast<int>(next_block_activation_bytes / (C * token_bytes)));
+        const int sharing_tiles = std::min(full_tiles - asking_own, late_tiles);
+        const int first_sharing = full_tiles - sharing_tiles;  // the full tiles between ask for nothing
         // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
         const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
         const auto ahead = [&](int full_tile) {
             if (full_tile < asking_own) return Prefetch{true};
-            const int share = full_tile - asking_own;
+            if (full_tile < first_sharing) return Prefetch{};
+            const int share = full_tile - first_sharing;
             const size_t begin = next_bytes * share / sharing_tiles, end = next_bytes * (share + 1) / sharing_tiles;
             return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
         };
@@ -2522,7 +2539,7 @@ inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_
     const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
         token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
     };
-    for_each_block_and_tile<tile_tokens>(weights, row_bytes, T, row_begin, row_end, tile);
+    for_each_block_and_tile<tile_tokens>(weights, row_bytes, K * 4, T, row_begin, row_end, tile);
 }
 
 template <DType dtype>
@@ -2616,7 +2633,7 @@ inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K
     const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
         bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
     };
-    for_each_block_and_tile<8>(weights, row_bytes, T, row_begin, row_end, tile);
+    for_each_block_and_tile<8>(weights, row_bytes, K * 2, T, row_begin, row_end, tile);
 }
 
 // Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
