@@ -2498,16 +2498,16 @@ inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, 
     // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
     const size_t fit = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
     const size_t rows_per_block = fit >= tile_rows ? (fit + tile_rows / 2) / tile_rows * tile_rows : fit;
+    const int full_tiles = T / C;
+    const int late_tiles = std::max(fewest_sharing_tiles, static_cast<int>(next_block_activation_bytes / (C * token_bytes)));
     for (size_t block = row_begin; block < row_end; block += rows_per_block) {
         const size_t block_end = std::min(row_end, block + rows_per_block);
         const std::byte* next = weights + block_end * row_bytes;
         const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
         // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
-        // is the only full tile; otherwise the full tiles find the block in L2, and the last of them
-        // (next_block_activation_bytes) take a share each of the next.
-        const int full_tiles = T / C;
+        // is the only full tile; otherwise the full tiles find the block in L2, and the last of them (late_tiles,
+        // next_block_activation_bytes) take a share each of the next.
         const int asking_own = block == row_begin || full_tiles < 2 ? 1 : 0;  // tiles that ask for their own rows
-        const int late_tiles = std::max(fewest_sharing_tiles, static_cast<int>(next_block_activation_bytes / (C * token_bytes)));
         const int sharing_tiles = std::min(full_tiles - asking_own, late_tiles);
         const int first_sharing = full_tiles - sharing_tiles;  // the full tiles between ask for nothing
         // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
