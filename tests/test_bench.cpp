@@ -459,6 +459,16 @@ TEST_CASE("bench engine and the roofline run on a small model") {
                                             "--output-len", "3", "-t", "1", "--cache-type", "bf16"});
     CHECK(cli.exit_code == 0);
     CHECK(cli.out.find("KV cache BF16") != std::string::npos);
+    // --no-mmap reads the weights into memory: the same table, from the same model.
+    cli = test::run_infer({"bench", "engine", "-m", stories, "--batch", "2", "--input-len", "4", "--output-len", "3",
+                           "-t", "1", "--no-mmap"});
+    CHECK(cli.exit_code == 0);
+    CHECK(cli.out.find("|     2 |     4 |      3 |") != std::string::npos);
+    cli = test::run_infer({"bench", "roofline", "-m", stories, "--prefill", "4", "--decode-batch", "1", "--repeats", "1",
+                           "--bandwidth-mib", "16", "-t", "1", "--no-mmap"});
+    CHECK(cli.exit_code == 0);
+    CHECK(cli.out.find("| prefill |    1 |      4 |") != std::string::npos);
+    CHECK(cli.out.find("| decode  |    1 |      1 |") != std::string::npos);
     cli = test::run_infer({"bench", "engine", "-m", stories, "--cache-type", "q4"});
     CHECK(cli.exit_code == 1);
     CHECK(cli.err.find("--cache-type") != std::string::npos);

@@ -8,8 +8,9 @@
 //                     [--vocab-size V] [--endpoint PATH] [--timeout S] [--no-progress]
 //   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--svg DIR]
 //                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N] [--cache-type f32|f16|bf16]
+//                      [--no-mmap]
 //   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context C] [--repeats N]
-//                        [--bandwidth-mib M] [-t N] [--svg DIR]
+//                        [--bandwidth-mib M] [-t N] [--svg DIR] [--no-mmap]
 //
 // Built without cpp-httplib/nlohmann-json (INFER_BENCH_HTTP undefined), `bench serve` says which packages it needs.
 #include "infer.hpp"
@@ -58,14 +59,22 @@ const char* bench_usage = R"(usage:
       --no-progress       no progress bar on stderr
   infer bench engine -m PATH [--batch 1,4,16] [--input-len 128] [--output-len 128] [-t N] [--seed S] [--svg DIR]
                      [--spec ngram|draft] [--draft-model PATH] [--spec-k K] [--spec-ngram N]
-                     [--cache-type f32|f16|bf16]
+                     [--cache-type f32|f16|bf16] [--no-mmap]
                                             the engine in process: throughput and latency per configuration;
                                             with --spec also the share of guesses kept and tokens per verifying step
   infer bench roofline -m PATH [--prefill 16,64,256] [--decode-batch 1,4,16,64] [--context 32] [--repeats 3]
-                       [--bandwidth-mib 256] [-t N] [--svg DIR]
+                       [--bandwidth-mib 256] [-t N] [--svg DIR] [--no-mmap]
                                             memory bandwidth and peak FLOP/s of this machine, and where prefill
                                             and decode passes of the model sit under them
 )";
+
+// The model of -m; with --no-mmap its bytes are read into memory (in 2 MB pages where Linux allows) instead of mapped
+// in the file's 4 KB pages. A matmul's requests for its next block of rows are hints, which the CPU may drop where a
+// page is not in its TLB: a mapped file's prefill then waits on memory at the start of every block (chapter 07, "Pages").
+infer::Model load_weights(const CommandLine& options) {
+    return infer::load_model(options.text("-m"), options.text("--tokenizer"),
+                             options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map);
+}
 
 int threads_option(const CommandLine& options) { return static_cast<int>(options.integer("-t", 0, 0, 1024)); }
 
@@ -85,7 +94,7 @@ int run_engine_bench(const CommandLine& options) {
     std::vector<int> inputs = parse_int_list("--input-len", options.text("--input-len", "128"));
     std::vector<int> outputs = parse_int_list("--output-len", options.text("--output-len", "128"));
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
+    infer::Model model = load_weights(options);
     const infer::SpecConfig spec = spec_config(options);
     const infer::DType kv_dtype = cache_type(options);
     infer::ThreadPool pool(threads_option(options));
@@ -142,7 +151,7 @@ int run_roofline_bench(const CommandLine& options) {
     ro.decode_context = static_cast<int>(options.integer("--context", ro.decode_context, 0, 1 << 20));
     ro.repeats = static_cast<int>(options.integer("--repeats", ro.repeats, 1, 1000));
     ro.bandwidth_bytes = static_cast<size_t>(options.integer("--bandwidth-mib", 256, 16, 1 << 20)) << 20;
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"));
+    infer::Model model = load_weights(options);
     infer::ThreadPool pool(threads_option(options));
     bench::Roofline roof = bench::measure_roofline(model, pool, ro);
     bench::print_roofline(std::cout, roof, model);
@@ -564,11 +573,11 @@ int run_bench(int argc, char** argv) {
     if (what == "engine")
         return run_engine_bench(CommandLine(argc, argv, 3,
             {"-m", "--tokenizer", "--batch", "--input-len", "--output-len", "-t", "--seed", "--svg", "--spec", "--draft-model",
-             "--spec-k", "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"}, {}, bench_usage));
+             "--spec-k", "--spec-ngram", "--cache-type", "--cache-type-k", "--cache-type-v"}, {"--no-mmap"}, bench_usage));
     if (what == "roofline")
         return run_roofline_bench(CommandLine(argc, argv, 3,
             {"-m", "--tokenizer", "--prefill", "--decode-batch", "--context", "--repeats", "--bandwidth-mib", "-t", "--svg"},
-            {}, bench_usage));
+            {"--no-mmap"}, bench_usage));
     if (what == "-h" || what == "--help" || what == "help") {
         std::cout << bench_usage;
         return 0;
