@@ -8,12 +8,13 @@
     scripts/compare_llama_cpp.py --sequences 16 --llama-batched-bench PATH/llama-batched-bench [...] MODEL.gguf ...
     scripts/compare_llama_cpp.py --sequences 16 --node-llama-cpp DIR [...] MODEL.gguf ...
 
-For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -o json` (prompt processing of P
-tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
+For each file and prompt length P it runs `llama-bench -m FILE -t T -p P -n N -r R -mmp 0 -o json` (prompt processing
+of P tokens, then generation of N tokens, each repeated R times, after llama-bench's warm-up) and `infer generate` on a
 prompt of P token ids with N tokens generated, greedy, end-of-sequence ignored, the weights read into memory before
 the clock starts (--no-mmap) and one untimed pass of the prompt first (--warmup: buffers touched and caches warm, as
-after llama-bench's warm-up), R times, keeping infer's best run. It prints one table: tokens/s of each engine and infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run, so
-the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
+after llama-bench's warm-up), R times, keeping infer's best run. It prints one table: tokens/s of each engine and
+infer's ratio, with the CPU kernels infer chose. Run it on an idle machine; both engines are measured in the same run,
+so the ratio holds even where the absolute figures drift. llama.cpp is not part of this project: build it yourself and
 give the path of its llama-bench. Where it cannot be built, --node-llama-cpp DIR measures the llama.cpp that the
 node-llama-cpp package ships prebuilt (run `npm install node-llama-cpp` in DIR): scripts/llama_cpp_node_bench.mjs
 times the same prompt ids in one batch, then greedy generation one token at a time, best of R runs.
@@ -22,6 +23,10 @@ With --sequences S it measures the aggregate decode rate of S sequences decoding
 `llama-batched-bench -npp P -ntg N -npl S` (its S_TG: S × N generated tokens over their time) or, through the Node
 binding, scripts/llama_cpp_node_batched.mjs; and `infer bench engine --batch S --input-len P --output-len N`, whose
 mean time per output token (TPOT) gives S / TPOT tokens/s. Best of R runs each.
+
+Both engines read the weights into memory instead of mapping the file (llama.cpp's tools -mmp 0 and --no-mmap, the
+Node scripts useMmap: false, infer --no-mmap): a mapped file's 4 KB pages cost the prefill of either engine up to a
+sixth on a 1.1B file (chapter 07, "Pages"), so a race with only one side mapped would time the pages.
 
 Both engines keep the KV cache in the same type: --cache-type (default f16, llama.cpp's own default) goes to
 llama.cpp's tools as -ctk/-ctv and to infer as --cache-type (whose default is f32). The Node binding keeps its
@@ -37,7 +42,7 @@ import sys
 
 def llama_bench(binary, model, threads, prompt, generate, repeats, cache_type):
     command = [binary, "-m", model, "-t", str(threads), "-p", str(prompt), "-n", str(generate), "-r", str(repeats),
-               "-ctk", cache_type, "-ctv", cache_type, "-o", "json"]
+               "-ctk", cache_type, "-ctv", cache_type, "-mmp", "0", "-o", "json"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -68,7 +73,7 @@ def node_llama_cpp(folder, model, threads, prompt, generate, repeats):
 def llama_batched_bench(binary, model, threads, sequences, prompt, generate, repeats, cache_type):
     command = [binary, "-m", model, "-t", str(threads), "-c", str(sequences * (prompt + generate) + 64), "-b", "2048",
                "-ub", "512", "-npp", str(prompt), "-ntg", str(generate), "-npl", str(sequences), "-ctk", cache_type,
-               "-ctv", cache_type, "--output-format", "jsonl"]
+               "-ctv", cache_type, "--no-mmap", "--output-format", "jsonl"]
     best = 0.0
     for _ in range(repeats):
         done = subprocess.run(command, capture_output=True, text=True)
@@ -98,7 +103,7 @@ def node_llama_cpp_batched(folder, model, threads, sequences, prompt, generate, 
 
 def infer_engine(binary, model, threads, sequences, prompt, generate, repeats, cache_type, bf16_activations):
     command = [binary, "bench", "engine", "-m", model, "-t", str(threads), "--batch", str(sequences), "--input-len",
-               str(prompt), "--output-len", str(generate), "--cache-type", cache_type]
+               str(prompt), "--output-len", str(generate), "--cache-type", cache_type, "--no-mmap"]
     environment = dict(os.environ, INFER_BF16_ACTIVATIONS="1" if bf16_activations else "0")
     best = 0.0
     for _ in range(repeats):
