@@ -180,6 +180,12 @@ inline infer::DType cache_type(const CommandLine& options) {
     return chosen;
 }
 
+// How the file of -m reaches memory: mapped (the default), or read into memory with --no-mmap (chapter 02; chapter 07,
+// "Pages", for what a mapped file's 4 KB pages cost a prefill).
+inline infer::FileAccess file_access(const CommandLine& options) {
+    return options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map;
+}
+
 // The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,
 // --kv-memory, --cache-type, --no-prefix-cache, --device and the --spec options (a program that does not list an
 // option simply gets its default).

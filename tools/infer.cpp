@@ -133,8 +133,7 @@ int thread_count(const CommandLine& options) {
 
 infer::Model load(const CommandLine& options, infer::LayerTimes& times) {
     infer::Stopwatch clock;
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"),
-                                           options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map);
+    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"), file_access(options));
     apply_context_option(model, options);
     times.load = clock.seconds();
     return model;
