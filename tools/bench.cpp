@@ -86,7 +86,7 @@ int run_engine_bench(const CommandLine& options) {
     std::vector<int> inputs = parse_int_list("--input-len", options.text("--input-len", "128"));
     std::vector<int> outputs = parse_int_list("--output-len", options.text("--output-len", "128"));
     const uint64_t seed = static_cast<uint64_t>(options.integer("--seed", 0, 0));
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"), file_access(options));
+    infer::Model model = model_option(options);
     const infer::SpecConfig spec = spec_config(options);
     const infer::DType kv_dtype = cache_type(options);
     infer::ThreadPool pool(threads_option(options));
@@ -143,7 +143,7 @@ int run_roofline_bench(const CommandLine& options) {
     ro.decode_context = static_cast<int>(options.integer("--context", ro.decode_context, 0, 1 << 20));
     ro.repeats = static_cast<int>(options.integer("--repeats", ro.repeats, 1, 1000));
     ro.bandwidth_bytes = static_cast<size_t>(options.integer("--bandwidth-mib", 256, 16, 1 << 20)) << 20;
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"), file_access(options));
+    infer::Model model = model_option(options);
     infer::ThreadPool pool(threads_option(options));
     bench::Roofline roof = bench::measure_roofline(model, pool, ro);
     bench::print_roofline(std::cout, roof, model);

@@ -114,6 +114,17 @@ private:
     std::map<std::string, std::string> values_;
 };
 
+// How a command's model files reach memory: mapped (the default), or read into memory with --no-mmap (chapter 02;
+// chapter 07, "Pages", for what a mapped file's 4 KB pages cost a prefill). It holds for every model the command loads.
+inline infer::FileAccess file_access(const CommandLine& options) {
+    return options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map;
+}
+
+// The model of -m, with the tokenizer of --tokenizer where one is given.
+inline infer::Model model_option(const CommandLine& options) {
+    return infer::load_model(options.text("-m"), options.text("--tokenizer"), file_access(options));
+}
+
 // The model a chapter program runs: the one at `path`, or (empty path) the built-in demo model, with a note saying so.
 inline infer::Model model_or_demo(const std::string& path) {
     if (!path.empty()) return infer::load_model(path);
@@ -146,7 +157,8 @@ inline infer::SpecConfig spec_config(const CommandLine& options) {
             if (options.has(option)) infer::fail("option ", option, " needs --spec ngram or --spec draft");
     if (spec.method == infer::SpecMethod::Draft) {
         if (!options.has("--draft-model")) infer::fail("--spec draft needs a draft model: --draft-model PATH");
-        spec.draft_model = std::make_shared<infer::Model>(infer::load_model(options.text("--draft-model")));
+        spec.draft_model =
+            std::make_shared<infer::Model>(infer::load_model(options.text("--draft-model"), {}, file_access(options)));
     } else if (options.has("--draft-model")) {
         infer::fail("option --draft-model is for --spec draft, not --spec ", infer::spec_method_name(spec.method));
     }
@@ -178,12 +190,6 @@ inline infer::DType cache_type(const CommandLine& options) {
         chosen_by = option;
     }
     return chosen;
-}
-
-// How the file of -m reaches memory: mapped (the default), or read into memory with --no-mmap (chapter 02; chapter 07,
-// "Pages", for what a mapped file's 4 KB pages cost a prefill).
-inline infer::FileAccess file_access(const CommandLine& options) {
-    return options.has("--no-mmap") ? infer::FileAccess::Read : infer::FileAccess::Map;
 }
 
 // The engine options run-batch and serve share: --policy, --max-batch-tokens, --max-seqs, --block-size, --kv-blocks,

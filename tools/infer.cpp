@@ -133,7 +133,7 @@ int thread_count(const CommandLine& options) {
 
 infer::Model load(const CommandLine& options, infer::LayerTimes& times) {
     infer::Stopwatch clock;
-    infer::Model model = infer::load_model(options.text("-m"), options.text("--tokenizer"), file_access(options));
+    infer::Model model = model_option(options);
     apply_context_option(model, options);
     times.load = clock.seconds();
     return model;

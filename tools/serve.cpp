@@ -108,7 +108,7 @@ private:
 
     void load() {
         if (options_.has("-m")) {
-            model_ = infer::load_model(options_.text("-m"), options_.text("--tokenizer"), file_access(options_));
+            model_ = model_option(options_);
             served_name_ = std::filesystem::path(options_.text("-m")).filename().string();
         } else {
             model_ = infer::demo_model();
