@@ -81,12 +81,16 @@ TEST_CASE("infer generate --warmup: an untimed pass of the prompt first, the sam
         CHECK(run.out == ids_json(reference));
         CHECK(run.err.find("prefill: ") != std::string::npos);
     }
-    const std::vector<std::string> text = {"generate", "-m", model, "-p", "Once upon a time", "--temp", "0", "-n", "20"};
-    std::vector<std::string> warm = text;
-    warm.push_back("--warmup");
-    test::ProgramRun cold = test::run_infer(text), warmed = test::run_infer(warm);
-    CHECK(warmed.exit_code == 0);
-    CHECK(warmed.out == cold.out);  // the prompt echoed once, then the same text
+    for (std::vector<std::string> extra : {std::vector<std::string>{}, std::vector<std::string>{"--cache-type", "f16"}}) {
+        std::vector<std::string> text = {"generate", "-m", model, "-p", "Once upon a time", "--temp", "0", "-n", "20"};
+        text.insert(text.end(), extra.begin(), extra.end());
+        std::vector<std::string> warm = text;
+        warm.push_back("--warmup");
+        test::ProgramRun cold = test::run_infer(text), warmed = test::run_infer(warm);
+        CAPTURE(warmed.err);
+        CHECK(warmed.exit_code == 0);
+        CHECK(warmed.out == cold.out);  // the prompt echoed once, then the same text
+    }
 }
 
 TEST_CASE("infer generate --bf16-activations: named in the figures, the same ids on every kernel path, refused where it cannot apply") {

@@ -176,26 +176,40 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
 
 // generate --device cuda, --spec or a 16-bit --cache-type: the same request through an Engine, whose forward pass runs
 // on the chosen device, which verifies drafted tokens and whose KV pool has the asked type (generate_from_ids holds a
-// CPU ForwardPass with an f32 cache and decodes one token per step). Times: prefill is the first step, decode the rest. `done` receives the engine's result (its speculative counts).
+// CPU ForwardPass with an f32 cache and decodes one token per step). Times: prefill is the first step, decode the rest.
+// `result_out` receives the engine's record (its speculative counts).
 infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
                                              const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
                                              infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out,
-                                             bool echo_prompt = true) {
+                                             bool warmup) {
     infer::EngineConfig config;
     config.device = device;
     config.spec = spec;
     config.kv_dtype = cache_type(options);
     config.scheduler.max_seqs = 1;
     config.num_blocks = (model.config.context_length + config.block_size - 1) / config.block_size;
+    // A warm-up computes the same prompt once, untimed, in this engine, so the timed prefill finds the engine's buffers,
+    // KV blocks and pages already touched (as llama-bench's warm-up leaves its context). Prefix caching is off then:
+    // it would hand the timed request the warm-up's blocks, and its prefill would compute nothing.
+    if (warmup) config.prefix_caching = false;
     infer::Engine engine(model, pool, config);
-    int id;
-    if (options.has("--prompt-ids")) {
-        id = engine.add_request(parse_ids("--prompt-ids", options.text("--prompt-ids")), params);
-    } else {
-        std::string prompt = prompt_text(options);
-        id = engine.add_request(prompt, params);
-        if (echo_prompt && !options.has("--ids")) std::cout << prompt << std::flush;
+    const bool given_ids = options.has("--prompt-ids");
+    const std::vector<int> prompt_ids = given_ids ? parse_ids("--prompt-ids", options.text("--prompt-ids")) : std::vector<int>{};
+    const std::string prompt = given_ids ? std::string{} : prompt_text(options);
+    auto add_request = [&](const infer::SamplingParams& request_params) {
+        return given_ids ? engine.add_request(prompt_ids, request_params) : engine.add_request(prompt, request_params);
+    };
+    if (warmup) {
+        infer::SamplingParams one = params;
+        one.max_tokens = 1;
+        const int warmup_id = add_request(one);
+        while (engine.has_work())
+            for (const infer::Event& event : engine.step())
+                if (event.error.size()) infer::fail(event.error);
+        engine.take_result(warmup_id);
     }
+    const int id = add_request(params);
+    if (!given_ids && !options.has("--ids")) std::cout << prompt << std::flush;
     infer::GenerationResult result;
     infer::Stopwatch clock;
     bool first = true;
@@ -252,15 +266,8 @@ int run_generate(const CommandLine& options) {
     const infer::SpecConfig spec = spec_config(options);
     const bool through_engine = device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32;
     const int warmup_passes = options.has("--warmup") ? 1 : 0;  // untimed passes of the prompt first (generate_from_ids)
-    if (through_engine && warmup_passes > 0) {
-        // The engine's run: a whole one-token request first, in an engine of its own (it leaves nothing to reuse).
-        infer::SamplingParams one = params;
-        one.max_tokens = 1;
-        infer::RequestResult ignored;
-        generate_with_engine(model, pool, options, one, [](std::string_view) {}, device, spec, ignored, false);
-    }
     if (through_engine) {
-        result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result);
+        result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result, warmup_passes > 0);
     } else if (options.has("--prompt-ids")) {
         result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream,
                                           nullptr, warmup_passes);
