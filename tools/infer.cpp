@@ -265,7 +265,7 @@ int run_generate(const CommandLine& options) {
     const infer::Device device = infer::parse_device(options.text("--device", "cpu"));
     const infer::SpecConfig spec = spec_config(options);
     const bool through_engine = device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32;
-    const int warmup_passes = options.has("--warmup") ? 1 : 0;  // untimed passes of the prompt first (generate_from_ids)
+    const int warmup_passes = options.has("--warmup") ? 1 : 0;  // untimed passes of the prompt first (either path)
     if (through_engine) {
         result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result, warmup_passes > 0);
     } else if (options.has("--prompt-ids")) {
