@@ -79,6 +79,35 @@ std::string compile(const std::filesystem::path& dir, const std::string& source,
     return "compiling " + name + ".cpp failed:\n" + infer::read_text_file(dir / (name + ".log"));
 }
 
+// ---- A chapter's deterministic figures against its program ------------------------------------------------------
+// A chapter shows a table from one run of its program. The figures in it that do not depend on the machine (bytes per
+// token, waste, hit rates, token and step counts, acceptance) are checked here against a fresh run of the same
+// program, so the text cannot go stale when the code changes.
+
+// The chapter's text, chapters/NAME.
+std::string chapter_text(std::string_view name) { return infer::read_text_file(source_dir() / "chapters" / std::string(name)); }
+
+// Runs a chapter program of the build (examples/NAME.cpp, built beside the tests) and returns what it printed.
+std::string chapter_program_output(const std::string& name, const std::vector<std::string>& args) {
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE_MESSAGE(build != nullptr, "INFER_BUILD is not set (meson test sets it)");
+    std::string command = test::quote((std::filesystem::path(build) / name).string());
+    for (const std::string& arg : args) command += ' ' + test::quote(arg);
+    test::ProgramRun run = test::run_command(command);
+    INFO(command);
+    INFO(run.err);
+    REQUIRE(run.exit_code == 0);
+    return run.out;
+}
+
+// The first match of `pattern`'s first group in `text`; fails naming the pattern and `where` when there is none.
+std::string figure(const std::string& text, const std::string& pattern, std::string_view where) {
+    std::smatch m;
+    const bool found = std::regex_search(text, m, std::regex(pattern));
+    REQUIRE_MESSAGE(found, where << " has no match for " << pattern);
+    return m[1];
+}
+
 }  // namespace
 
 TEST_CASE("the header's sections are numbered by the chapters that teach them, in order, appendices last") {
