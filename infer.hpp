@@ -406,7 +406,7 @@ private:
 
 inline std::string read_text_file(const std::filesystem::path& path);  // a whole file as text (config.json, ...)
 
-// ---- 16-bit floats -------------------------------------------------------------------------------------------------
+// ---- 16-bit floats --------------------------------------------------------------------------------------------------
 // bf16 is the top half of an f32 (same exponent range, 8 mantissa bits): widening is a shift. f16 has 5 exponent bits,
 // so widening rebuilds the exponent. Checkpoints store weights this way to halve the bytes a decode step must read.
 // The f16 conversions and the rounding directions are appendix B.
@@ -574,7 +574,7 @@ inline std::string architecture_names(bool gguf) {
 enum class RopeStyle { HalfRotation, AdjacentPairs };
 
 // Long-context RoPE scaling (config.json's rope_scaling): Llama 3.1 stretches the long wavelengths, "linear" all of
-// them. rope_inverse_frequencies() in section 04 applies it.
+// them. rope_frequency_divisors() below says what each frequency is divided by; section 04 applies it.
 struct RopeScaling {
     enum class Kind { None, Linear, Llama3 } kind = Kind::None;
     double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_context = 8192;
@@ -604,6 +604,34 @@ struct ModelConfig {
     int bos_id = -1;               // -1: the model has none
     std::vector<int> eos_ids;      // generation stops at any of them (the tokenizer may add more)
 };
+
+namespace detail {
+// What each RoPE frequency is divided by under the config's scaling: 1 without, `factor` for linear; Llama 3
+// stretches long wavelengths by `factor`, keeps short ones, and blends the band between smoothly. (GGUF files carry
+// Llama 3's divisors as the rope_freqs tensor.)
+inline std::vector<double> rope_frequency_divisors(const ModelConfig& c) {
+    const int half = c.head_dim / 2;
+    const RopeScaling& s = c.rope_scaling;
+    std::vector<double> divisors(static_cast<size_t>(half), 1.0);
+    for (int i = 0; i < half; ++i) {
+        const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
+        if (s.kind == RopeScaling::Kind::Linear) {
+            divisors[i] = s.factor;
+        } else if (s.kind == RopeScaling::Kind::Llama3) {
+            const double wavelength = 2 * M_PI / freq;
+            const double low_wavelength = s.original_context / s.low_freq_factor;
+            const double high_wavelength = s.original_context / s.high_freq_factor;
+            if (wavelength > low_wavelength) {
+                divisors[i] = s.factor;
+            } else if (wavelength >= high_wavelength) {
+                const double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                divisors[i] = 1 / ((1 - smooth) / s.factor + smooth);
+            }
+        }
+    }
+    return divisors;
+}
+}  // namespace detail
 
 struct LayerWeights {
     Tensor attn_norm;         // [D]
@@ -882,7 +910,7 @@ inline ModelConfig config_from_hugging_face(const Json& json, const std::string&
 
 }  // namespace detail
 
-// ---- safetensors -----------------------------------------------------------------------------------------------------
+// ---- safetensors ----------------------------------------------------------------------------------------------------
 // Layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}}, then
 // the raw tensor bytes. data_offsets count from the end of the header. Everything is checked against the file size.
 
@@ -1096,7 +1124,7 @@ inline Model load_hugging_face(const std::filesystem::path& folder, FileAccess a
     return model;
 }
 
-// ---- GGUF ------------------------------------------------------------------------------------------------------------
+// ---- GGUF -----------------------------------------------------------------------------------------------------------
 // Layout: "GGUF", u32 version, u64 tensor count, u64 metadata count, metadata (key, type, value)*, tensor infos
 // (name, n_dims, dims innermost first, type, offset)*, padding to general.alignment, tensor data. Strings are u64
 // length + bytes. Every read is bounds-checked: a truncated or hostile file gets an error, never a wild read.
@@ -1314,7 +1342,7 @@ inline Model load_gguf(const std::filesystem::path& path, FileAccess access = Fi
     return model;
 }
 
-// ---- llama2.c --------------------------------------------------------------------------------------------------------
+// ---- llama2.c -------------------------------------------------------------------------------------------------------
 // Karpathy's legacy format: 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative
 // vocab_size means a separate classifier), then float32 arrays with all layers of one kind stored together. Its q/k
 // rows use adjacent-pair RoPE. The vocabulary lives in a separate tokenizer.bin.
@@ -2017,6 +2045,55 @@ private:
     std::string context_text_;  // decode of the context ids
 };
 
+// ---- A model's own tokenizer ----------------------------------------------------------------------------------------
+namespace detail {
+struct TokenizerSlot {
+    std::mutex mutex;  // two engines built at once on one Model build its tokenizer once
+    std::optional<Tokenizer> tokenizer;
+};
+inline std::shared_ptr<TokenizerSlot> new_tokenizer_slot() { return std::make_shared<TokenizerSlot>(); }
+}  // namespace detail
+
+// Whether tokenizer_for(model) has a tokenizer to give.
+inline bool has_tokenizer(const Model& model) {
+    if (model.tokenizer_slot) {
+        std::lock_guard lock(model.tokenizer_slot->mutex);
+        if (model.tokenizer_slot->tokenizer) return true;
+    }
+    if (model.format == ModelFormat::HuggingFace) return std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json");
+    return !model.vocab.empty();
+}
+
+namespace detail {
+inline Tokenizer read_model_tokenizer(const Model& model) {
+    if (model.format == ModelFormat::HuggingFace) {
+        if (!std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json"))
+            fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
+        return load_tokenizer(model.source);
+    }
+    if (model.vocab.empty() && model.format == ModelFormat::Llama2c)
+        fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
+                     "the default is tokenizer.bin beside the model), or pass token ids instead");
+    if (model.vocab.empty())
+        fail(model.source, ": no vocabulary to tokenize text with (",
+                     model.vocab.model_name.empty() ? std::string("no tokenizer.ggml.model")
+                                                    : "unsupported tokenizer.ggml.model \"" + model.vocab.model_name + "\"",
+                     "); pass token ids instead");
+    return tokenizer_from_vocabulary(model.vocab, model.config.bos_id, model.config.eos_ids, model.source);
+}
+}  // namespace detail
+
+// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
+// llama2.c's tokenizer.bin. Built on the first call and kept in the Model; a Tokenizer is a handle to shared tables,
+// so the copy each call returns costs nothing.
+inline Tokenizer tokenizer_for(const Model& model) {
+    if (!model.tokenizer_slot) fail(model.source, ": this Model was moved from; it has no tokenizer");
+    detail::TokenizerSlot& slot = *model.tokenizer_slot;
+    std::lock_guard lock(slot.mutex);
+    if (!slot.tokenizer) slot.tokenizer = detail::read_model_tokenizer(model);  // a failure is retried next call
+    return *slot.tokenizer;
+}
+
 // ==== 04 FORWARD PASS ================================================================================================
 // Token ids in, next-token logits out, then one token out of the logits. One function serves prefill (a whole prompt:
 // T rows, so each weight read from memory is used T times: matrix-matrix, compute-bound) and decode (one token per
@@ -2041,37 +2118,38 @@ struct Batch {
         sequences.push_back(sequence);
         wants_logits.push_back(logits);
     }
-    void clear() {
-        tokens.clear();
-        positions.clear();
-        sequences.clear();
-        wants_logits.clear();
-    }
+    void clear() { tokens.clear(), positions.clear(), sequences.clear(), wants_logits.clear(); }
     size_t size() const { return tokens.size(); }
 };
 
-// ---- The KV cache's storage -----------------------------------------------------------------------------------------
+// ---- What the forward pass sees of the KV cache ---------------------------------------------------------------------
 // Attention at position p needs the keys and values of every earlier position. Recomputing them each step would make
 // decode cost the whole prefix again; keeping them costs memory instead: 2 × L × Hkv × Dh × 4 bytes per token in f32,
-// half that in f16 or bf16 (the choice of KVCache's dtype: at long contexts decode reads more cache than weights, so
-// the 16-bit types trade 2⁻¹¹ or 2⁻⁸ of relative rounding per stored value for half the bytes). The storage is one
-// pool of fixed-size blocks of B tokens; each sequence's block table says which block holds which positions (position
-// p: block table[p / B], slot p % B), so a sequence grows without copying and without reserving its maximum length up
-// front. The forward pass only reads tables and writes slots. Who gets which block, and how two requests with the same
-// prompt prefix share blocks, is the block manager's job: section 05.
+// half that in f16 or bf16 (at long contexts decode reads more cache than weights, so the 16-bit types trade 2⁻¹¹ or
+// 2⁻⁸ of relative rounding per stored value for half the bytes). The storage is one pool of fixed-size blocks of B
+// positions, and each sequence has a block table saying which block holds which of its positions (position p: block
+// table[p / B], slot p % B), so a sequence grows without copying and without reserving its maximum length up front.
+// The forward pass reads a table and writes slots; who gets which block, and how two prompts with a common prefix share
+// blocks, is the KV cache of section 05, which owns the tables and one of these pools.
 
-class KVCache {
+class KVStorage {
 public:
-    // dtype: how keys and values are stored, F32 (the default), F16 or BF16; attention widens them to f32 as it reads.
-    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16, DType dtype = DType::F32);
-    ~KVCache();
-    KVCache(const KVCache&) = delete;
-    KVCache& operator=(const KVCache&) = delete;
+    // dtype: how keys and values are stored, F32, F16 or BF16; attention widens them to f32 as it reads.
+    KVStorage(const ModelConfig& config, int num_blocks, int block_size = 16, DType dtype = DType::F32)
+        : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks), kv_heads_(config.n_kv_heads),
+          head_dim_(config.head_dim), dtype_(dtype) {
+        if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
+        if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
+        if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
+            fail("KV cache type must be f32, f16 or bf16, found ", dtype_name(dtype));
+        // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
+        // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool); touch() writes them all.
+        keys_.reset(static_cast<std::byte*>(::operator new[](pool_bytes(), cache_line)));
+        values_.reset(static_cast<std::byte*>(::operator new[](pool_bytes(), cache_line)));
+    }
 
-    // Writes zeros over the whole pool. The pool starts unwritten, and the operating system gives its pages memory
-    // only as the first steps store into them: a page fault per 4 KB, inside those steps' time (a few percent of a
-    // 16-sequence benchmark). Touching it first moves that cost to the start, as llama.cpp does when it clears its
-    // cache, at the price of holding the whole pool's memory from then on.
+    // Writes zeros over the whole pool, so that its pages' first-touch faults happen here rather than inside the first
+    // steps' time, at the price of holding the whole pool's memory from then on.
     void touch() {
         std::memset(keys_.get(), 0, pool_bytes());
         std::memset(values_.get(), 0, pool_bytes());
@@ -2081,16 +2159,9 @@ public:
     static size_t bytes_per_token(const ModelConfig& c, DType dtype = DType::F32) {
         return 2 * static_cast<size_t>(dtype_bytes(dtype, 1)) * static_cast<size_t>(c.n_layers) * c.n_kv_heads * c.head_dim;
     }
-    // How many blocks a memory budget buys (at least one).
-    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size, DType dtype = DType::F32) {
-        size_t per_block = bytes_per_token(c, dtype) * static_cast<size_t>(std::max(block_size, 1));
-        return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
-    }
 
     int block_size() const { return block_size_; }
     int num_blocks() const { return num_blocks_; }
-    int capacity_tokens() const { return num_blocks_ * block_size_; }
-
     DType dtype() const { return dtype_; }
     // The [Dh] key or value of one KV head at one slot, in dtype(); the block's next slots of the same head follow it,
     // Dh values apart, and then block + 1's. store_key/store_value write one from f32.
@@ -2109,33 +2180,7 @@ public:
         store(from, value(layer, block, kv_head, slot));
     }
 
-    // The blocks of a sequence, in position order: table[i] holds positions [i·B, (i+1)·B).
-    const std::vector<int>& block_table(int sequence) const;
-    bool has_sequence(int sequence) const;
-
-    // Block management (section 05). reserve() grows a sequence's table to hold n_tokens positions and returns false,
-    // changing nothing, when the pool is out of blocks: an expected outcome the scheduler handles, not an error.
-    // release() gives a sequence's blocks back. The rest is prefix caching: a new prompt attaches the cached blocks
-    // of its longest already-computed prefix (match_prefix), and computed blocks are named for later prompts (commit).
-    bool reserve(int sequence, int n_tokens);
-    void release(int sequence);
-    void truncate(int sequence, int n_tokens);  // gives back the blocks past n_tokens (rejected speculative tokens)
-    int match_prefix(int sequence, std::span<const int> tokens);
-    int cached_prefix_tokens(std::span<const int> tokens) const;  // what match_prefix would find, changing nothing
-    void commit(int sequence, std::span<const int> tokens, int n_computed);
-    void set_prefix_caching(bool on);
-    bool prefix_caching() const;
-    // The pool's three states: held by a sequence, cached (no holder, still findable by its prefix: reusable, and
-    // evictable when the free list runs dry), and free.
-    int used_block_count() const { return num_blocks_ - free_block_count() - cached_block_count(); }
-    int cached_block_count() const;
-    int free_block_count() const;
-    int available_block_count() const { return free_block_count() + cached_block_count(); }
-    int ref_count(int block) const;  // how many sequences' tables hold the block
-
 private:
-    struct BlockManager;  // section 05
-
     size_t pool_bytes() const {  // of keys, and as many of values
         return static_cast<size_t>(layers_) * num_blocks_ * kv_heads_ * block_size_ * dtype_bytes(dtype_, head_dim_);
     }
@@ -2158,113 +2203,21 @@ private:
     // of a sequence that the pool handed out in order (a prompt's are) read as one run of keys, then one of values,
     // which the hardware prefetchers follow as they do the weights; scattered blocks cost a new run per block.
     std::unique_ptr<std::byte[], CacheLineDelete> keys_, values_;  // [L, Hkv, num_blocks, B, Dh]
-    std::unique_ptr<BlockManager> blocks_;
 };
 
-// ---- Which SIMD kernels run -----------------------------------------------------------------------------------------
-// One binary is fast on every x86-64 machine: the matmul and attention kernels exist as a portable loop and as AVX2
-// (with FMA and F16C) and AVX-512 versions compiled through target attributes (appendix F), and the widest the CPU
-// supports is chosen once, at first use, from CPUID. All three build every sum in the same order out of fused
-// multiply-adds, so they give identical logits. INFER_KERNELS=portable|avx2|avx512 in the environment, or
-// use_cpu_kernels(), picks one by hand (the tests compare them on the machine's paths).
+// A sequence's block table: the blocks that hold its positions, in order.
+using BlockTableOf = std::function<const std::vector<int>&(int sequence)>;
+
+class KVCache;  // section 05: the block tables over a KVStorage, prefix caching
+
+// ---- The operations, defined ----------------------------------------------------------------------------------------
+// Each operation of the pass has one definition here: the plain loop a reader checks everything else against. The
+// matmul and attention kernels also exist as AVX2 and AVX-512 versions (appendix F, CPU kernels), chosen once at run
+// time from CPUID; they build every sum in the same order out of the same fused multiply-adds, so every path gives the
+// same logits. The forward pass names a path, and the dispatch of appendix F runs its kernels.
 
 enum class CpuKernels { Portable, Avx2, Avx512 };
-
-inline const char* cpu_kernels_name(CpuKernels kernels) {
-    switch (kernels) {
-        case CpuKernels::Avx2: return "avx2";
-        case CpuKernels::Avx512: return "avx512";
-        default: return "portable";
-    }
-}
-
-// Whether this CPU (and its operating system, which must save the wider registers) runs a path.
-inline bool cpu_supports(CpuKernels kernels) {
-#ifdef INFER_X86_KERNELS
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // every AVX2 CPU has F16C
-    switch (kernels) {
-        case CpuKernels::Portable: return true;
-        case CpuKernels::Avx2: return avx2;
-        case CpuKernels::Avx512:
-            return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl");
-    }
-    return false;
-#else
-    return kernels == CpuKernels::Portable;
-#endif
-}
-
-inline CpuKernels best_cpu_kernels() {
-    for (CpuKernels kernels : {CpuKernels::Avx512, CpuKernels::Avx2})
-        if (cpu_supports(kernels)) return kernels;
-    return CpuKernels::Portable;
-}
-
-inline CpuKernels parse_cpu_kernels(std::string_view name, std::string_view where) {
-    for (CpuKernels kernels : {CpuKernels::Portable, CpuKernels::Avx2, CpuKernels::Avx512})
-        if (name == cpu_kernels_name(kernels)) {
-            if (!cpu_supports(kernels)) fail(where, ": this CPU cannot run the ", name, " kernels (best: ", cpu_kernels_name(best_cpu_kernels()), ")");
-            return kernels;
-        }
-    fail(where, ": unknown kernels \"", name, "\" (portable, avx2 or avx512)");
-}
-
-namespace detail {
-inline std::atomic<int>& kernel_choice() {
-    static std::atomic<int> choice{-1};  // -1: not chosen yet
-    return choice;
-}
-}  // namespace detail
-
-// The path in use: INFER_KERNELS if set, else the best the CPU runs. Read by every matmul; cheap after the first call.
-inline CpuKernels cpu_kernels() {
-    int choice = detail::kernel_choice().load(std::memory_order_relaxed);
-    if (choice < 0) {
-        const char* asked = std::getenv("INFER_KERNELS");
-        CpuKernels kernels = asked && *asked ? parse_cpu_kernels(asked, "INFER_KERNELS") : best_cpu_kernels();
-        choice = static_cast<int>(kernels);
-        detail::kernel_choice().store(choice, std::memory_order_relaxed);
-    }
-    return static_cast<CpuKernels>(choice);
-}
-
-// Switches every later matmul to `kernels` (fails if the CPU cannot run them). Not while a forward pass runs.
-inline void use_cpu_kernels(CpuKernels kernels) {
-    if (!cpu_supports(kernels)) fail("this CPU cannot run the ", cpu_kernels_name(kernels), " kernels");
-    detail::kernel_choice().store(static_cast<int>(kernels), std::memory_order_relaxed);
-}
-
-// bf16 × bf16 products (opt-in): llama.cpp's arithmetic for bf16 weights.
-// llama.cpp multiplies bf16 weights by activations rounded to bf16, with AVX512_BF16's vdpbf16ps: 32 products per
-// instruction where widening the weights to f32 gives 16, and no widening. use_bf16_activations(true) (or
-// INFER_BF16_ACTIVATIONS=1, or infer's --bf16-activations) does the same for every BF16 matrix: prefill's arithmetic
-// halves where the CPU has AVX512_BF16. The cost is precision: each activation keeps 8 of its 24 significant bits,
-// so logits move by a few thousandths (chapter 07 has the figures); off by default, where bf16 weights meet f32
-// activations and the logits match the reference engines' to 1e-4. The sums are defined so that a portable loop
-// gives vdpbf16ps's bits:
-//   - each activation rounded to bf16 (nearest, ties to even), a subnormal one to zero;
-//   - 16 lanes per sum: in each block of 32 columns, lane j adds the product of column 2j + 1, then that of column 2j,
-//     each step one rounding of the exact product (8 × 8 significant bits fit a float) added to the lane, that is a
-//     fused multiply-add, a subnormal result flushed to zero and a subnormal weight read as zero;
-//   - fold_lanes's tree, then the last K % 32 columns in order (plain fused multiply-adds).
-// So batch invariance and the identical logits of every path hold in this mode too.
-
-namespace detail {
-inline std::atomic<bool>& bf16_activation_choice() {
-    static std::atomic<bool> choice{[] {
-        const std::string_view asked = std::getenv("INFER_BF16_ACTIVATIONS") ? std::getenv("INFER_BF16_ACTIVATIONS") : "";
-        if (asked != "" && asked != "0" && asked != "1") fail("INFER_BF16_ACTIVATIONS: \"", asked, "\" is not 0 or 1");
-        return asked == "1";
-    }()};
-    return choice;
-}
-}  // namespace detail
-
-inline bool bf16_activations() { return detail::bf16_activation_choice().load(std::memory_order_relaxed); }
-// Switches every later matmul of BF16 weights to (or back from) the bf16 products. Not while a forward pass runs.
-inline void use_bf16_activations(bool on) { detail::bf16_activation_choice().store(on, std::memory_order_relaxed); }
+inline CpuKernels cpu_kernels();  // the path in use: INFER_KERNELS if set, else the widest this CPU runs (appendix F)
 
 namespace detail {
 
@@ -2321,330 +2274,6 @@ inline void tile_portable(const std::byte* weights, size_t row_bytes, size_t row
     }
 }
 
-// What a full AVX-512 tile asks the memory system for while it computes (a hint: no effect on any result). The tile
-// reads three rows at once, interleaved streams the hardware prefetchers follow too late, so it asks itself, in one of
-// two ways (for_each_block_and_tile below decides which):
-// - own_rows: in each of its R rows, the line tile_prefetch_bytes<C> / R ahead of the one it reads, into L1, and past
-//   the row's end that far into the same row of the next R (the rows are adjacent, so the requests cover the matrix,
-//   across the block's end into the next). This is the first tile over a block, which reads the block from memory
-//   unless earlier tiles asked for it. Without the requests a tile of 8 tokens reading from memory ran at half the
-//   rate of one sequential stream, waiting on its loads. The lead is counted along each row because the R rows are
-//   read side by side: a single distance in addresses lands in the next rows of the same R, read at the same moment,
-//   so 8 KB past every line gave one or two rows of every three no lead at all on 4 KB and 8 KB rows (K = 2048 or
-//   4096 in bf16, 2048 in f32). Per row instead of 8 KB in addresses (one matrix from memory, 2 threads): 8 tokens,
-//   bf16 K = 2048 1.08–1.16×, 4096 1.15×, 5632 1.23× (11 KB rows, where each row's lead was 8 KB), f32 K = 2048
-//   1.23×, 4096 1.20×; 4 tokens (16 KB), bf16 K = 4096 1.32×, 8192 1.30×, 2048 and 5632 0.95–1.00×; f32 K = 768
-//   (3 KB rows, where 8 KB in addresses happened to give each row about 2 KB) 0.96–1.00×.
-// - [begin, begin + bytes): a share of the next block, into L2. These are the full tiles over a block that the
-//   tiles over the block before asked for, which find it in L2 and bring in the next while they compute: the later
-//   tiles, and the first too where a block has two full tiles or more (16 tokens on; one matrix from memory, 2
-//   threads, against the first asking for its own rows: bf16 K = 2048 1.17× at 16 tokens, 1.04–1.08× at 24 to 64,
-//   K = 5632 1.11×; f32 K = 2048 1.15× at 16, K = 768 1.05–1.07× at 32 and 64 but 0.94–0.95× at 16; one full tile
-//   alone measured 0.90× sharing). (The later tiles asking for their own rows instead was a tenth slower on the
-//   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
-//   R lines at a time, so that its share comes in over most of its run rather than in a burst at its start: with 15
-//   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
-//   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
-//   bf16; a lone sharing tile asks in every step).
-//   Only the last of those tiles share the next block, as many as bring at most next_block_activation_bytes of
-//   activations after the first of them (below).
-// The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
-// four tokens, slower with one or two), and ask for nothing; four or two tokens three rows at a time (16-bit rows,
-// and f32 rows past one_row_activation_bytes) ask for their own rows as a first full tile does; after another tile
-// (rows_cached) the block is in L2.
-struct Prefetch {
-    bool own_rows = false;
-    const std::byte* begin = nullptr;
-    size_t bytes = 0;
-    bool rows_cached = false;  // another tile has just passed over these rows
-    unsigned pace = 0;  // a share's tile asks in one step out of 2^pace
-};
-
-// The activations that pass through L2 between the first request for the next block and the end of this one: the tiles
-// that share the next block are the last ones over this block whose activations come to this much, and at least four.
-// Asked for earlier, the next block's rows wait in L2 while every later tile's activations come through it (with 128
-// tokens of 2048 f32 columns, 1 MB of them per block), and some are gone before their turn. Against every full tile
-// sharing, 2 threads, AVX-512: all the projections of every layer of the 1.1B f32 file 1.02–1.04× at 128 and 512
-// tokens (its 2048-column matrices 1.03–1.04×, the 5632-column one 1.00×); whole prefill passes of 128 tokens (both
-// builds alternating, fastest and median of 7 to 15 pairs) 1.1B f32 1.03–1.05×, bf16 1.02–1.03×, 110M f32 1.00–1.01×;
-// with AVX2 forced, 1.1B f32 1.01–1.06×, 110M f32 1.00×.
-constexpr size_t next_block_activation_bytes = size_t{256} << 10;
-constexpr int fewest_sharing_tiles = 4;
-
-// How far ahead of its reads a tile of C tokens asks for its own rows, its R rows together (each row a share of it,
-// along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens (measured with 8 and 16 sequences:
-// 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times for 2, whose
-// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms
-// at 16 to 32 KB).
-template <int C>
-constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
-
-// A tile's activations that stay in L1 while rows pass under it (L1 holds 32 to 48 KB on CPUs with AVX-512, and the
-// rows pass through it too). Past that (8 tokens of more than 1024 columns: every matrix of a 2048-wide model) a
-// tile whose rows are in L2 reads them in column panels that fit, over a chunk of rows at a time, the chunk's sums
-// kept in memory from one panel to the next: each lane still adds its columns in order, so the bits are the same,
-// while the activations come from L2 once per chunk instead of once per three rows (one core, 8 MB of bf16 weights
-// at K = 2048, 128 tokens: 147 → 161 GFLOP/s; f32 95 → 121).
-constexpr size_t tile_activation_bytes = size_t{32} << 10;
-
-// The activations that a tile one row at a time keeps in L1: it reads all of them again for every row, while the
-// weights stream through L1 beside them, so only about a third of L1. Past that, 4 or 2 tokens of f32 rows go three
-// rows at a time as 16-bit rows always do, each activation loaded serving three rows. One matrix kind at a time over
-// the 22 layers of a 1.1B f32 file (2048 and 5632 columns), 2 threads: 4 tokens moved 22–26 GB/s one row at a time,
-// 44–47 GB/s three at a time (all four kinds, fastest of 9 pairs: 2.1× at 4 tokens, 1.7× at 5 and 6, 1.1× at 2 and
-// 3); the 110M f32 file's down projection (2048 columns) 1.4–1.7× at 4 to 7 tokens, its four kinds together
-// 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
-constexpr size_t one_row_activation_bytes = size_t{16} << 10;
-
-// The activations of one pass of AVX2's three-row tile (four tokens or two, three_row_tile_avx2) that stay in L1: half
-// of the 32 KB that many AVX2 CPUs have (on the 1.1B f32 file here, with a 48 KB L1, 16 KB ran as fast as 32 or
-// faster). Past it (four tokens of more than 1024 columns) the passes that find their rows in L2 read them in column
-// panels, as tile_activation_bytes has AVX-512's tiles do.
-constexpr size_t pass_activation_bytes = size_t{16} << 10;
-
-#ifdef INFER_X86_KERNELS
-// (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
-template <DType dtype, int C>
-[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
-                                                 size_t K, float* out, size_t N);
-template <DType dtype, int C>
-[[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
-                                                           const float* x, size_t K, float* out, size_t N, Prefetch ahead);
-template <DType dtype, int C>
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
-                                                                             size_t rows, const float* x, size_t K, float* out,
-                                                                             size_t N, Prefetch ahead);
-#endif
-
-// Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
-// AVX-512 sum is one register of sixteen lanes (32 registers: 8 tokens × 3 rows); an AVX2 sum two of eight, or one
-// while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens
-// the rows go one at a time, in memory order: at decode the matrix is then one sequential stream, which the hardware
-// prefetchers follow best (interleaving several rows' streams measured up to 2× slower there). Two exceptions, where
-// the arithmetic is the limit rather than the stream, take AVX-512 three rows at a time too: the tokens after the first
-// tile over a block (a batch of 9 to 15, a prompt's last few, the 2 and 1 after a 4), whose rows that tile has just
-// brought into L2 (110M bf16, a pass's projections for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time);
-// and 4 or 2 tokens of 16-bit weights, whose bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0
-// ms → 7.0 and 7.7 ms; 1.1B bf16, a decode step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32
-// weights whose activations outgrow L1 one row at a time (one_row_activation_bytes).
-constexpr int tile_tokens = 8;
-// Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
-constexpr int tile_rows = 3;
-
-// C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C. The first full
-// tile over a block of 16-bit rows goes as two tiles of C / 2 where that lets its activations stay in L1 (more than
-// 1024 columns, at most 2048: the 1.1B file's attention and gate/up matrices): the first half asks for its own rows
-// from memory, the second finds them in L2. Kept whole, that tile read all its activations from L2 at every step and
-// moved 17–22 GB/s, where 4 tokens of the same rows moved 40–47. (Our reading of the cause: an activation fetched
-// from L2 holds one of the L1's few miss buffers, which the requests for the rows need too.) The 1.1B bf16 file's
-// matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
-// steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
-// 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
-// AVX2's full tile goes three rows at a time as well, its 8 tokens in two passes of 4 (three_row_tile_avx2), each
-// sum's two halves in turn (rows_avx2_by_halves). Against 6-token tiles in three passes of 2 (AVX2 forced on the
-// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs), on the 110M and
-// 1.1B files, f32 and bf16: 8 tokens 1.03–1.24×, 16 tokens 0.99–1.14×, 128 tokens 1.04–1.16×. AVX2's tiles of 4 and 2
-// follow AVX-512's rule, 4 tokens in one pass instead of two passes of 2 (1.09–1.31×).
-template <CpuKernels path, DType dtype, int C>
-inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
-                       size_t row_begin, size_t row_end, Prefetch ahead) {
-    weights += row_begin * row_bytes;
-    out += row_begin;
-    const size_t rows = row_end - row_begin;
-#ifdef INFER_X86_KERNELS
-    // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
-    // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
-    // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way). On an AVX2
-    // CPU the same tiles go three rows at a time, in passes of four tokens or two (above).
-    if constexpr (path == CpuKernels::Avx512) {
-        if constexpr (C == tile_tokens && dtype != DType::F32)
-            if (ahead.own_rows && C * K * 4 > tile_activation_bytes && C / 2 * K * 4 <= tile_activation_bytes) {
-                // The first tile over a block, in halves whose activations fit in L1 (above).
-                tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
-                return tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x + C / 2 * K, K, out + C / 2 * N, N,
-                                                 Prefetch{.rows_cached = true});
-            }
-        if (C == tile_tokens || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
-        if constexpr (C == 4 || C == 2)  // the first over its block: its rows from memory
-            if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
-                return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
-    }
-    if constexpr (path == CpuKernels::Avx2) {
-        if constexpr (C == tile_tokens) return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
-        if constexpr (C == 4 || C == 2)  // as AVX-512's tiles of 4 and 2 above
-            if (ahead.rows_cached || dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
-                return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N,
-                                                     Prefetch{.own_rows = !ahead.rows_cached});
-    }
-    // (A full tile never reaches here on a SIMD path: each returned above.)
-    if constexpr (path != CpuKernels::Portable && C != tile_tokens)
-        return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
-#endif
-    (void)ahead;
-    tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
-}
-
-// The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
-// block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
-// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
-// (Prefetch above): the last full tiles an even share each of the next block, the first its own rows instead over the
-// first block and where it is alone; the smaller tiles nothing (and whether another tile went over the block before
-// them).
-template <int C, class Tile>
-inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, size_t token_bytes, int T,
-                                    size_t row_begin, size_t row_end, Tile tile) {
-    // About 256 KB, rounded to whole groups of three rows, the full tile's: a block of 11 rows of 5632 f32 columns left
-    // two rows to the one-row kernel, whose eight sums load an activation per multiply-add (the 1.1B f32 file's down
-    // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
-    const size_t fit = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
-    const size_t rows_per_block = fit >= tile_rows ? (fit + tile_rows / 2) / tile_rows * tile_rows : fit;
-    const int full_tiles = T / C;
-    const int late_tiles = std::max(fewest_sharing_tiles, static_cast<int>(next_block_activation_bytes / (C * token_bytes)));
-    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
-        const size_t block_end = std::min(row_end, block + rows_per_block);
-        const std::byte* next = weights + block_end * row_bytes;
-        const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
-        // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
-        // is the only full tile; otherwise the full tiles find the block in L2, and the last of them (late_tiles,
-        // next_block_activation_bytes) take a share each of the next.
-        const int asking_own = block == row_begin || full_tiles < 2 ? 1 : 0;  // tiles that ask for their own rows
-        const int sharing_tiles = std::min(full_tiles - asking_own, late_tiles);
-        const int first_sharing = full_tiles - sharing_tiles;  // the full tiles between ask for nothing
-        // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
-        const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
-        const auto ahead = [&](int full_tile) {
-            if (full_tile < asking_own) return Prefetch{true};
-            if (full_tile < first_sharing) return Prefetch{};
-            const int share = full_tile - first_sharing;
-            const size_t begin = next_bytes * share / sharing_tiles, end = next_bytes * (share + 1) / sharing_tiles;
-            return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
-        };
-        int t = 0;
-        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, ahead(t / C));
-        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
-        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
-        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
-    }
-}
-
-// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ, one thread's share; w's rows are row_bytes apart.
-// The rows go in blocks of about 256 KB, which stay in L2 while every tile of C tokens passes over them; a tile's
-// activations (C × K floats, or a panel of their columns: tile_activation_bytes) stay in L1 while the block's rows
-// pass under it. So each weight byte comes from memory once per call, whatever T is (at decode, T = 1, the weights
-// simply stream), and each weight loaded into a register serves C tokens. Attention uses it too, with cached keys as
-// the rows.
-template <CpuKernels path, DType dtype>
-inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_t N, const float* x, int T, float* out,
-                     size_t row_begin, size_t row_end) {
-    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
-        token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
-    };
-    for_each_block_and_tile<tile_tokens>(weights, row_bytes, K * 4, T, row_begin, row_end, tile);
-}
-
-template <DType dtype>
-inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, size_t N, const float* x, int T, float* out,
-                        size_t row_begin, size_t row_end) {
-    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
-    switch (path) {
-        case CpuKernels::Avx512: return dot_rows<CpuKernels::Avx512, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
-        case CpuKernels::Avx2: return dot_rows<CpuKernels::Avx2, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
-        default: return dot_rows<CpuKernels::Portable, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
-    }
-}
-
-// The bf16 products' kernel (their definition: use_bf16_activations above).
-inline float flush_subnormal(float value) {
-    return std::fabs(value) < std::numeric_limits<float>::min() ? std::copysign(0.0f, value) : value;
-}
-inline uint16_t bf16_bits_at(const std::byte* row, size_t k) {
-    uint16_t half;
-    std::memcpy(&half, row + k * 2, 2);
-    return half;
-}
-// A bf16 value with a zero exponent (zero or subnormal) becomes a zero of its sign, as vdpbf16ps reads its inputs.
-inline uint16_t bf16_flush_subnormal(uint16_t half) { return (half & 0x7F80) == 0 ? half & 0x8000 : half; }
-inline float bf16_flushed(uint16_t half) { return bf16_to_f32(bf16_flush_subnormal(half)); }
-
-// x[T, K] rounded to bf16, subnormals to zero: the activations of the bf16 products, once per matmul call.
-inline void round_activations_to_bf16(const float* x, size_t count, uint16_t* out) {
-    for (size_t i = 0; i < count; ++i) out[i] = bf16_flush_subnormal(f32_to_bf16(x[i]));
-}
-
-// The last K % 32 columns of a bf16 product, in order, added to the folded sum.
-inline float finish_bf16_dot(const std::byte* row, const uint16_t* x, size_t K32, size_t K, float sum) {
-    for (size_t k = K32; k < K; ++k) sum = std::fma(weight_at<DType::BF16>(row, k), bf16_to_f32(x[k]), sum);
-    return sum;
-}
-
-// The definition above, one row at a time against C tokens (the portable kernel; appendix F has the AVX512_BF16 one).
-template <int C>
-inline void bf16_tile_portable(const std::byte* weights, size_t row_bytes, size_t rows, const uint16_t* x, size_t K,
-                               float* out, size_t N) {
-    const size_t K32 = K / 32 * 32;
-    for (size_t n = 0; n < rows; ++n) {
-        const std::byte* row = weights + n * row_bytes;
-        float lanes[C][16] = {};
-        for (size_t k = 0; k < K32; k += 32)
-            for (int lane = 0; lane < 16; ++lane) {
-                const size_t even = k + 2 * static_cast<size_t>(lane);
-                const float w_odd = bf16_flushed(bf16_bits_at(row, even + 1)), w_even = bf16_flushed(bf16_bits_at(row, even));
-                for (int c = 0; c < C; ++c) {
-                    const uint16_t* xc = x + c * K;
-                    float sum = flush_subnormal(std::fma(w_odd, bf16_to_f32(xc[even + 1]), lanes[c][lane]));
-                    lanes[c][lane] = flush_subnormal(std::fma(w_even, bf16_to_f32(xc[even]), sum));
-                }
-            }
-        for (int c = 0; c < C; ++c) out[c * N + n] = finish_bf16_dot(row, x + c * K, K32, K, fold_lanes(lanes[c]));
-    }
-}
-
-#ifdef INFER_X86_KERNELS
-inline bool cpu_runs_bf16_avx512();  // whether the CPU has AVX512_BF16 (appendix F)
-template <int C>
-[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
-                                                                                            size_t row_bytes, size_t rows,
-                                                                                            const uint16_t* x, size_t K,
-                                                                                            float* out, size_t N,
-                                                                                            Prefetch ahead);
-#else
-inline bool cpu_runs_bf16_avx512() { return false; }
-#endif
-
-template <int C>
-inline void bf16_token_tile(bool avx512, const std::byte* weights, size_t row_bytes, const uint16_t* x, size_t K,
-                            float* out, size_t N, size_t row_begin, size_t row_end, Prefetch ahead) {
-    weights += row_begin * row_bytes;
-    out += row_begin;
-#ifdef INFER_X86_KERNELS
-    if (avx512) return bf16_tile_avx512<C>(weights, row_bytes, row_end - row_begin, x, K, out, N, ahead);
-#endif
-    (void)avx512, (void)ahead;
-    bf16_tile_portable<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
-}
-
-// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ with x already rounded: dot_rows's blocking and tiles
-// (8 tokens, then 4, 2, 1). The AVX-512 kernel where the path is AVX-512 and the CPU has AVX512_BF16; the portable
-// loop elsewhere (the same bits, slower).
-inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K, size_t N, const uint16_t* x, int T,
-                             float* out, size_t row_begin, size_t row_end) {
-    const bool avx512 = path == CpuKernels::Avx512 && cpu_runs_bf16_avx512();
-    const size_t row_bytes = K * 2;
-    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
-        bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
-    };
-    for_each_block_and_tile<8>(weights, row_bytes, K * 2, T, row_begin, row_end, tile);
-}
-
-// Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
-inline void prefetch_bytes(const std::byte* data, size_t bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(data + i);
-#else
-    (void)data, (void)bytes;
-#endif
-}
-
 // e^x for attention's softmax weights, where x = a score − its chunk's maximum ≤ 0. Range reduction x = n·ln 2 + r with
 // |r| ≤ ln 2 / 2 (ln 2 in two parts, so n·ln 2 loses nothing), e^r by its Taylor polynomial to degree 7 in fused
 // multiply-adds (truncation below 1e-8), and 2ⁿ added to the exponent bits: within one ulp of e^x. Below −86 it
@@ -2680,10 +2309,6 @@ inline float largest(const float* s, int count) {
     return *std::max_element(lanes, lanes + 8);
 }
 
-#ifdef INFER_X86_KERNELS
-[[gnu::target("avx2,fma,f16c")]] inline float softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
-#endif
-
 // s[j] = exp_nonpositive(s[j] − max) for j in [begin, count), each also added into partial[j % 8]; returns the sum of
 // all eight partial sums, in order. Summed this way, weight j into lane j % 8, is how an eight-lane register adds, so
 // the SIMD paths (which run the first count − count % 8 weights eight at a time and pass the rest here) give the same
@@ -2698,29 +2323,6 @@ inline float softmax_exp_rows_from(float* s, int begin, int count, float max, fl
     return sum;
 }
 
-// A chunk's weights for one query from its scores s[0, count) and their maximum; returns the weights' sum.
-template <CpuKernels path>
-inline float softmax_exp_rows(float* s, int count, float max) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path != CpuKernels::Portable) return softmax_exp_rows_avx2(s, count, max);
-#endif
-    float partial[8] = {};
-    return softmax_exp_rows_from(s, 0, count, max, partial);
-}
-
-// Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
-// cache's type, side by side), the tile kernel's sums on every path.
-template <CpuKernels path>
-inline void dot_cached_rows(DType dtype, const std::byte* rows, size_t K, size_t N, const float* x, int T, float* out,
-                            size_t count) {
-    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
-    switch (dtype) {
-        case DType::F16: return dot_rows<path, DType::F16>(rows, row_bytes, K, N, x, T, out, 0, count);
-        case DType::BF16: return dot_rows<path, DType::BF16>(rows, row_bytes, K, N, x, T, out, 0, count);
-        default: return dot_rows<path, DType::F32>(rows, row_bytes, K, N, x, T, out, 0, count);
-    }
-}
-
 // acc[d] += Σ_j weights[j] · rows[j][d] for d < n, j in order (the `count` rows of n values side by side, in the
 // cache's type): attention's weighted sum of values. Each element's sum is a chain of fused multiply-adds in j order
 // on every path.
@@ -2731,187 +2333,9 @@ inline void add_weighted_rows_portable(float* acc, const std::byte* rows, const 
         for (size_t d = 0; d < n; ++d) acc[d] = std::fma(weights[j], weight_at<dtype>(rows + j * row_bytes, d), acc[d]);
 }
 
-#ifdef INFER_X86_KERNELS
-template <DType dtype>
-[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const std::byte* rows, const float* weights,
-                                                                     int count, size_t n);  // appendix F
-#endif
-
-#ifdef INFER_X86_KERNELS
-template <DType dtype>
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void add_weighted_rows4_avx512(
-    float* acc, size_t acc_stride, const std::byte* rows, const float* weights, size_t weights_stride, int count,
-    size_t n);  // appendix F
-#endif
-
-// The same for `queries` query rows over the same values: query q's sums at acc + q·acc_stride, its weights at
-// weights + q·weights_stride. AVX-512 takes four at a time, so each value loaded serves four queries; elsewhere it is
-// one query after the other. Per element the sum is the same chain either way.
-template <CpuKernels path, DType dtype>
-inline void add_weighted_rows_with(int queries, float* acc, size_t acc_stride, const std::byte* rows, const float* weights,
-                                   size_t weights_stride, int count, size_t n) {
-#ifdef INFER_X86_KERNELS
-    if constexpr (path == CpuKernels::Avx512)
-        if (queries == 4) return add_weighted_rows4_avx512<dtype>(acc, acc_stride, rows, weights, weights_stride, count, n);
-#endif
-    for (int q = 0; q < queries; ++q) {
-#ifdef INFER_X86_KERNELS
-        if constexpr (path != CpuKernels::Portable) {
-            add_weighted_rows_avx2<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
-            continue;
-        }
-#endif
-        add_weighted_rows_portable<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
-    }
-}
-
-template <CpuKernels path>
-inline void add_weighted_rows(DType dtype, int queries, float* acc, size_t acc_stride, const std::byte* rows,
-                              const float* weights, size_t weights_stride, int count, size_t n) {
-    switch (dtype) {
-        case DType::F16: return add_weighted_rows_with<path, DType::F16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
-        case DType::BF16: return add_weighted_rows_with<path, DType::BF16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
-        default: return add_weighted_rows_with<path, DType::F32>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
-    }
-}
-
-// The same for a block-quantized w: each tile of rows is decoded to f32 once (appendix H), then multiplied by the float
-// kernel above, so the arithmetic, and batch invariance, are exactly those of the decoded weights stored as F32.
-inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const float* x, int T, float* out, size_t row_begin,
-                                    size_t row_end);
-
-// The block types with an integer kernel take the integer path instead, as llama.cpp does: the activations are
-// quantized once per call to 8-bit blocks with a scale each (QuantizedRows), every block product is an exact integer
-// dot of int8 values, and only the scales are applied in f32, block after block in a fixed order, so batch invariance
-// holds here too. Fewer bytes per weight and 64 multiply-adds per instruction: appendix H.
-//
-// Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
-// f16) for Q8_0, Q4_0 and Q5_0 weights, with Q8_1's s = f16(d·Σq) beside it for Q4_1 and Q5_1 (their minimum
-// multiplies the block's sum), and its Q8_K (blocks of 256, d = −max/127 kept in f32, where max is the element of
-// largest magnitude with its sign, plus the sum of each 16 values) for the K-quants. Rounding is to nearest, ties to
-// even, as its x86 build does, so the blocks are bit-identical to llama.cpp's.
-struct QuantizedRows {
-    int block = 32;
-    std::vector<int8_t> q;       // [T, K]
-    std::vector<float> d;        // [T, K / block]
-    std::vector<float> s;        // [T, K / 32], blocks of 32 only: Q8_1's s, d·Σq with the unrounded d, as f16
-    std::vector<int16_t> sums;   // Q8_K: [T, K / 16], what the K-quants' minimums multiply; blocks of 32: [T, K / 32],
-                                 // Σq of each block, what Q8_0's and Q4_0's offsets in row groups multiply
-};
-
-// Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
-// path, matmul_rows_dequantized) until it gets an unpacking and a dot of its own here.
-inline bool has_integer_kernel(DType dtype) {
-    switch (dtype) {
-        case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-        case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
-        default: return false;
-    }
-}
-inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
-inline void size_quantized_rows(int T, size_t K, int block, QuantizedRows& out);
-inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& out, size_t first_token, size_t end_token);
-inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
-inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
-                                size_t row_end);
-
-// One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
-struct Product {
-    const Tensor& w;
-    float* out;
-    const Tensor* bias = nullptr;
-};
-
-// Batches of at least this many tokens are compute-bound: their matmul rows and attention items go to the threads in
-// pieces that each claims as it finishes the last (ThreadPool::run_claimed), so a core slowed by other work on the
-// machine does less of them. Smaller batches stream the weights, best as one contiguous range per thread (pieces
-// measured up to a fifth slower at decode).
-constexpr int claimed_from = 32;
-
-// A parallel section of a forward pass over a batch of T tokens: `count` items in pieces of `piece` claimed by the
-// threads from claimed_from tokens on, one contiguous range per thread below.
-template <class Body>
-inline void run_for_batch(ThreadPool& pool, int T, size_t count, size_t piece, size_t work, Body&& body) {
-    if (T < claimed_from) pool.run_sized(count, work, body);
-    else pool.run_claimed(count, piece, work, body);
-}
-
-// Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
-// end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
-inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
-    size_t total_rows = 0;
-    for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
-    // The activations in the forms the other kernels read (8-bit blocks for the integer kernels, bf16 for the bf16
-    // products), converted once here for every product, each thread converting a share of the tokens (on one thread
-    // this took a tenth of a bf16 prefill, the other threads waiting). The buffers are the calling thread's; the
-    // workers reach them through these references and pointers (a lambda would name their own).
-    thread_local QuantizedRows buffer_32, buffer_256;
-    QuantizedRows& x_by_32 = buffer_32;
-    QuantizedRows& x_by_256 = buffer_256;
-    const size_t K = static_cast<size_t>(products.begin()->w.cols());
-    const CpuKernels path = cpu_kernels();
-    bool need_32 = false, need_256 = false;
-    for (const Product& p : products)
-        if (has_integer_kernel(p.w.dtype)) (activation_block(p.w.dtype) == 32 ? need_32 : need_256) = true;
-    thread_local AlignedVector<uint16_t> buffer_bf16;  // on 64-byte lines: a load across two runs at half speed
-    const AlignedVector<uint16_t>& x_bf16 = buffer_bf16;
-    const bool bf16_products = bf16_activations() && std::any_of(products.begin(), products.end(), [](const Product& p) {
-        return p.w.dtype == DType::BF16;
-    });
-    if (need_32) size_quantized_rows(T, K, 32, x_by_32);
-    if (need_256) size_quantized_rows(T, K, 256, x_by_256);
-    if (bf16_products) buffer_bf16.resize(static_cast<size_t>(T) * K);
-    uint16_t* const rounded = buffer_bf16.data();
-    if (need_32 || need_256 || bf16_products)
-        pool.run_sized(static_cast<size_t>(T), static_cast<size_t>(T) * K * 4, [&](size_t begin, size_t end, int) {
-            if (need_32) quantize_activation_rows(x, K, x_by_32, begin, end);
-            if (need_256) quantize_activation_rows(x, K, x_by_256, begin, end);
-            if (bf16_products) round_activations_to_bf16(x + begin * K, (end - begin) * K, rounded + begin * K);
-        });
-    auto rows = [&](size_t begin, size_t end, int) {
-        size_t first_row = 0;  // of the current product, in the concatenated numbering
-        for (const Product& p : products) {
-            const size_t N = static_cast<size_t>(p.w.rows());
-            size_t from = std::max(begin, first_row), to = std::min(end, first_row + N);
-            if (from < to) {
-                from -= first_row;
-                to -= first_row;
-                switch (p.w.dtype) {
-                    case DType::F32: matmul_rows<DType::F32>(path, p.w.data, K, N, x, T, p.out, from, to); break;
-                    case DType::BF16:
-                        if (bf16_products) matmul_rows_bf16(path, p.w.data, K, N, x_bf16.data(), T, p.out, from, to);
-                        else matmul_rows<DType::BF16>(path, p.w.data, K, N, x, T, p.out, from, to);
-                        break;
-                    case DType::F16: matmul_rows<DType::F16>(path, p.w.data, K, N, x, T, p.out, from, to); break;
-                    case DType::Q8_0:
-                    case DType::Q4_0:
-                    case DType::Q4_1:
-                    case DType::Q5_0:
-                    case DType::Q5_1: matmul_rows_integer(path, p.w, x_by_32, T, p.out, from, to); break;
-                    case DType::Q2_K:
-                    case DType::Q3_K:
-                    case DType::Q4_K:
-                    case DType::Q5_K:
-                    case DType::Q6_K: matmul_rows_integer(path, p.w, x_by_256, T, p.out, from, to); break;
-                    default: matmul_rows_dequantized(path, p.w, x, T, p.out, from, to); break;
-                }
-                if (p.bias && !p.bias->empty())
-                    for (int t = 0; t < T; ++t)
-                        for (size_t n = from; n < to; ++n) p.out[static_cast<size_t>(t) * N + n] += p.bias->at(static_cast<int64_t>(n));
-            }
-            first_row += N;
-        }
-    };
-    // About four pieces per thread, each a multiple of 48 rows (whole row groups of every kernel: 3, 4 and 16 rows).
-    const size_t piece = std::max<size_t>(48, (total_rows + 4 * pool.size() * 48 - 1) / (4 * pool.size() * 48) * 48);
-    run_for_batch(pool, T, total_rows, piece, total_rows * K * static_cast<size_t>(T), rows);
-}
-
 // out = x / sqrt(mean(x²) + eps) · gain. The mean is summed in double, as llama.cpp does, in eight interleaved partial
-// sums (element i into sum i % 8, the eight added in order at the end): one chain of dependent additions waited
-// four cycles per element, eight independent ones keep the adder busy. The order is fixed, so every path and batch
-// gets the same bits. The gain is read in its stored type by a loop per type (weight_at; norms are f32 in GGUF files,
-// often bf16 or f16 in safetensors ones) rather than through Tensor::at's switch per element.
+// sums (element i into sum i % 8, added in order at the end), so the adder is not waiting on one chain, and every path
+// and batch gets the same bits. The gain is read in its stored type (f32 in GGUF files, often bf16 in safetensors).
 inline void rms_norm(const float* x, const Tensor& gain, size_t width, double eps, float* out) {
     double partial_sums[8] = {};
     size_t i = 0;
@@ -2930,32 +2354,6 @@ inline void rms_norm(const float* x, const Tensor& gain, size_t width, double ep
         case DType::F16: return scale_by_gain([&](size_t k) { return weight_at<DType::F16>(gain.data, k); });
         default: return scale_by_gain([&](size_t k) { return gain.at(static_cast<int64_t>(k)); });
     }
-}
-
-// What each RoPE frequency is divided by under the config's scaling: 1 without, `factor` for linear; Llama 3
-// stretches long wavelengths by `factor`, keeps short ones, and blends the band between smoothly. (GGUF files carry
-// Llama 3's divisors as the rope_freqs tensor.)
-inline std::vector<double> rope_frequency_divisors(const ModelConfig& c) {
-    const int half = c.head_dim / 2;
-    const RopeScaling& s = c.rope_scaling;
-    std::vector<double> divisors(static_cast<size_t>(half), 1.0);
-    for (int i = 0; i < half; ++i) {
-        const double freq = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
-        if (s.kind == RopeScaling::Kind::Linear) {
-            divisors[i] = s.factor;
-        } else if (s.kind == RopeScaling::Kind::Llama3) {
-            const double wavelength = 2 * M_PI / freq;
-            const double low_wavelength = s.original_context / s.low_freq_factor;
-            const double high_wavelength = s.original_context / s.high_freq_factor;
-            if (wavelength > low_wavelength) {
-                divisors[i] = s.factor;
-            } else if (wavelength >= high_wavelength) {
-                const double smooth = (s.original_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-                divisors[i] = 1 / ((1 - smooth) / s.factor + smooth);
-            }
-        }
-    }
-    return divisors;
 }
 
 // The RoPE angle step of each frequency, with the configured long-context scaling applied.   [Dh/2]
@@ -2980,23 +2378,61 @@ inline float silu(float x) {
     return x * (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
-#ifdef INFER_X86_KERNELS
-[[gnu::target("avx2,fma,f16c")]] inline void swiglu_avx2(float* gate, const float* up, size_t count);  // appendix F
-#endif
-
 // gate[i] = silu(gate[i]) · up[i] for i < count: the MLP's gated activation (eight at a time in the SIMD paths).
 inline void swiglu_portable(float* gate, const float* up, size_t count) {
     for (size_t i = 0; i < count; ++i) gate[i] = silu(gate[i]) * up[i];
 }
-inline void swiglu(CpuKernels path, float* gate, const float* up, size_t count) {
-#ifdef INFER_X86_KERNELS
-    if (path != CpuKernels::Portable) return swiglu_avx2(gate, up, count);
-#endif
-    (void)path;
-    swiglu_portable(gate, up, count);
+// One product of a matmul call: out[T, N] = x[T, K] · w[N, K]ᵀ (+ bias[N]).
+struct Product {
+    const Tensor& w;
+    float* out;
+    const Tensor* bias = nullptr;
+};
+
+// The kernels the forward pass calls by path, and the matmul's parts by weight type (appendix F).
+inline void swiglu(CpuKernels path, float* gate, const float* up, size_t count);
+inline void prefetch_bytes(const std::byte* data, size_t bytes);  // a hint to the memory system, no effect on results
+// A parallel section over a batch of T tokens: `count` items, one contiguous range per thread for small batches,
+// pieces of `piece` that the threads claim as they finish for large (compute-bound) ones.
+template <class Body>
+inline void run_for_batch(ThreadPool& pool, int T, size_t count, size_t piece, size_t work, Body&& body);
+// The activations of one matmul call in the forms its weights' kernels read (8-bit blocks, bf16), and rows
+// [row_begin, row_end) of one product by its weight type; how many rows a thread takes at a time.
+struct ActivationForms;
+inline const ActivationForms& activation_forms(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products);
+inline void product_rows(CpuKernels path, const Product& p, const float* x, const ActivationForms& forms, int T,
+                         size_t row_begin, size_t row_end);
+inline size_t matmul_piece(const ThreadPool& pool, size_t total_rows);
+
+// Products that share their input x[T, K] (q, k and v; gate and up) run as one parallel section: their rows are laid
+// end to end and split across threads, so each weight row is read from memory once and the pool wakes once.
+inline void matmul(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
+    const CpuKernels path = cpu_kernels();
+    const ActivationForms& forms = activation_forms(pool, x, T, products);  // the calling thread's, read by all
+    size_t total_rows = 0;
+    for (const Product& p : products) total_rows += static_cast<size_t>(p.w.rows());
+    auto rows = [&](size_t begin, size_t end, int) {
+        size_t first_row = 0;  // of the current product, in the concatenated numbering
+        for (const Product& p : products) {
+            const size_t N = static_cast<size_t>(p.w.rows());
+            const size_t from = std::max(begin, first_row), to = std::min(end, first_row + N);
+            if (from < to) {
+                product_rows(path, p, x, forms, T, from - first_row, to - first_row);
+                if (p.bias && !p.bias->empty())
+                    for (int t = 0; t < T; ++t)
+                        for (size_t n = from - first_row; n < to - first_row; ++n)
+                            p.out[static_cast<size_t>(t) * N + n] += p.bias->at(static_cast<int64_t>(n));
+            }
+            first_row += N;
+        }
+    };
+    const size_t K = static_cast<size_t>(products.begin()->w.cols());
+    run_for_batch(pool, T, total_rows, matmul_piece(pool, total_rows), total_rows * K * static_cast<size_t>(T), rows);
 }
 
 }  // namespace detail
+
+// ---- The forward pass -----------------------------------------------------------------------------------------------
 
 // Runs batches through a model. Owns the scratch buffers, sized for the largest batch seen so far, so the steady
 // state allocates nothing per token.
@@ -3007,8 +2443,12 @@ public:
 
     const Model& model() const { return model_; }
 
-    // Logits [rows, V] for the tokens whose wants_logits is set, in batch order.
-    std::span<const float> forward(const Batch& batch, KVCache& cache) {
+    // Logits [rows, V] for the tokens whose wants_logits is set, in batch order, against the paged KV cache of
+    // section 05 (its tables and its pool: the overload below).
+    std::span<const float> forward(const Batch& batch, KVCache& cache);
+
+    // The same against a pool and the block table of each sequence of the batch.
+    std::span<const float> forward(const Batch& batch, KVStorage& cache, const BlockTableOf& table_of) {
         const ModelConfig& c = model_.config;
         const int T = static_cast<int>(batch.size());
         if (T == 0) return {};
@@ -3026,7 +2466,7 @@ public:
                 fail("token id ", token, " is outside the vocabulary (", c.vocab_size, " tokens)");
             if (position < 0 || position >= c.context_length)
                 fail("position ", position, " is outside the model's context of ", c.context_length, " tokens");
-            const std::vector<int>& table = cache.block_table(batch.sequences[t]);
+            const std::vector<int>& table = table_of(batch.sequences[t]);
             if (static_cast<size_t>(position / cache.block_size()) >= table.size())
                 fail("KV cache: sequence ", batch.sequences[t], " has no block reserved for position ", position);
             slot_block_[t] = table[position / cache.block_size()];
@@ -3071,7 +2511,7 @@ public:
             });
             // Items one by one when claimed: causal items differ in size.
             detail::run_for_batch(pool_, T, attention_items_.size(), 1, attention_work, [&](size_t begin, size_t end, int thread) {
-                for (size_t item = begin; item < end; ++item) attend(path, batch, cache, l, item, thread);
+                for (size_t item = begin; item < end; ++item) attend(path, batch, cache, table_of, l, item, thread);
             });
             if (attention_items_.size() + 1 > merge_ranges_.size())  // some token's context spans several chunks
                 pool_.run_sized(merge_ranges_.size() - 1, attention_items_.size() * H / Hkv * Dh, [&](size_t begin, size_t end, int) {
@@ -3139,21 +2579,14 @@ private:
     }
 
     // ---- Attention, chunk by chunk ----
-    // Each token's query heads look at its sequence's cached keys and values. The work is cut into items: a tile of up
-    // to attention_queries consecutive tokens of one sequence (a prompt's; a decoding sequence has one), one KV head
-    // with the H / Hkv query heads that share it (GQA), and one chunk of attention_chunk positions, so a long context
-    // is spread over the threads too. An item scores its whole chunk first (q·k / sqrt(Dh), by the matmul's tile
-    // kernel, the cached keys as rows and the tile's query heads as its tokens: each key loaded serves all of them),
-    // then per query head takes the chunk's maximum m, the weights exp(s − m), their sum l and the weighted sum of
-    // values (on AVX-512 four query rows at a time, so each value loaded serves four). The chunks of one token then
-    // merge as an online softmax does (flash decoding): each chunk's sum and values weighed by exp(its m − the largest
-    // m). Two passes over a chunk, keys then values, make each a run of 512 × Dh values that the hardware prefetchers
-    // stream from memory, as they do the weights (walking keys and values together in short steps left decode at 4k
-    // positions waiting on its loads: chapter 07); where a sequence's blocks are not adjacent in the pool, the next
-    // block is requested ahead. Each query takes only the positions it may see (causal, and Mistral's window). Chunk
-    // edges are fixed positions and each score is the tile kernel's fixed sum, so every result is the same bits
-    // whatever the batch, the tiling, the cache's block size or the thread count. Cost per token and head: 2·Dh
-    // multiply-adds per visible position; at long contexts these bytes outweigh the weights' (chapter 07).
+    // Each token's query heads look at its sequence's cached keys and values: softmax(q·k / sqrt(Dh)) over the
+    // positions it may see (causal, and Mistral's window), then the weighted sum of values. The work is cut into items,
+    // so that a long context is spread over the threads too: a tile of up to attention_queries consecutive tokens of one
+    // sequence, one KV head with the H / Hkv query heads that share it (GQA), and one chunk of attention_chunk
+    // positions. Each item keeps its chunk's maximum score m, the sum l of its weights exp(s − m) and their weighted
+    // values; the chunks of a token then merge as an online softmax does (flash decoding), each weighed by
+    // exp(its m − the largest m). Chunk edges are fixed positions, so every result is the same bits whatever the batch,
+    // the tiling, the block size or the thread count. Cost per token and head: 2·Dh multiply-adds per visible position.
     static constexpr int attention_chunk = 512;   // positions per item
     static constexpr int attention_queries = 8;   // tokens per query tile
 
@@ -3171,173 +2604,16 @@ private:
         return window > 0 ? std::max(0, position - window + 1) : 0;
     }
 
-    // Lists the query tiles and items of this batch (the same for every layer) and sizes their buffers; returns the
-    // work in multiply-adds, for the thread pool's sizing. A tile grows while the next token continues its sequence
-    // and sees the same chunks, so every query of an item sees some positions of each of the tile's chunks.
-    size_t plan_attention(const Batch& batch) {
-        const ModelConfig& c = model_.config;
-        const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
-        query_tiles_.clear();
-        attention_items_.clear();
-        merge_ranges_.clear();
-        size_t partial_floats = 0, work = 0;
-        for (size_t t = 0; t < batch.size();) {
-            const int first_chunk = first_visible(batch.positions[t]) / attention_chunk;
-            const int last_chunk = batch.positions[t] / attention_chunk;
-            size_t end = t + 1;
-            while (end < batch.size() && end - t < static_cast<size_t>(attention_queries) &&
-                   batch.sequences[end] == batch.sequences[t] && batch.positions[end] == batch.positions[end - 1] + 1 &&
-                   batch.positions[end] / attention_chunk == last_chunk &&
-                   first_visible(batch.positions[end]) / attention_chunk == first_chunk)
-                ++end;
-            const int tile = static_cast<int>(query_tiles_.size()), tokens = static_cast<int>(end - t);
-            query_tiles_.push_back({static_cast<int>(t), tokens});
-            const int seen_from = first_visible(batch.positions[t]), seen_to = batch.positions[end - 1] + 1;
-            for (int h = 0; h < c.n_kv_heads; ++h) {
-                merge_ranges_.push_back(attention_items_.size());
-                for (int chunk = first_chunk; chunk <= last_chunk; ++chunk) {
-                    const int from = std::max(seen_from, chunk * attention_chunk), to = std::min(seen_to, (chunk + 1) * attention_chunk);
-                    attention_items_.push_back({tile, h, from, to, partial_floats, first_chunk == last_chunk});
-                    partial_floats += static_cast<size_t>(tokens) * group * (Dh + 2);
-                }
-            }
-            for (size_t u = t; u < end; ++u)
-                work += static_cast<size_t>(batch.positions[u] + 1 - first_visible(batch.positions[u])) * c.n_heads * Dh * 2;
-            t = end;
-        }
-        merge_ranges_.push_back(attention_items_.size());
-        if (partial_.size() < partial_floats) partial_.resize(partial_floats);
-        const size_t rows = static_cast<size_t>(attention_queries) * group, threads = static_cast<size_t>(pool_.size());
-        if (scores_.size() < threads * rows * attention_chunk) scores_.resize(threads * rows * attention_chunk);
-        if (queries_.size() < threads * rows * Dh) queries_.resize(threads * rows * Dh);
-        return work;
-    }
-
-    void attend(CpuKernels path, const Batch& batch, const KVCache& cache, int layer, size_t index, int thread) {
-        switch (path) {
-            case CpuKernels::Avx512: return attend_with<CpuKernels::Avx512>(batch, cache, layer, attention_items_[index], thread);
-            case CpuKernels::Avx2: return attend_with<CpuKernels::Avx2>(batch, cache, layer, attention_items_[index], thread);
-            default: return attend_with<CpuKernels::Portable>(batch, cache, layer, attention_items_[index], thread);
-        }
-    }
-
+    // The query tiles and items of this batch (the same for every layer), with their buffers sized; returns the work
+    // in multiply-adds, for the thread pool's sizing. Then one item on `path`'s kernels, and the merge of one tile and
+    // KV head's chunks. Appendix F has them: the work split over threads and the kernels' order of operations.
+    size_t plan_attention(const Batch& batch);
+    void attend(CpuKernels path, const Batch& batch, const KVStorage& cache, const BlockTableOf& table_of, int layer,
+                size_t index, int thread);
     template <CpuKernels path>
-    void attend_with(const Batch& batch, const KVCache& cache, int layer, const AttentionItem& item, int thread) {
-        const ModelConfig& c = model_.config;
-        const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
-        const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
-        const QueryTile& tile = query_tiles_[item.tile];
-        const size_t rows = static_cast<size_t>(tile.tokens) * group;  // query row r: token r / group, head r % group
-        const std::vector<int>& table = cache.block_table(batch.sequences[tile.first_token]);
-        const int B = cache.block_size();
-        // The tile's query heads side by side, [rows, Dh], as the tile kernel takes its tokens, times 1/sqrt(Dh): the
-        // scores come out scaled.
-        const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-        float* queries = &queries_[static_cast<size_t>(thread) * attention_queries * group * Dh];
-        for (int j = 0; j < tile.tokens; ++j) {
-            const float* q = &q_[(tile.first_token + j) * q_width + item.kv_head * group * Dh];
-            for (size_t i = 0; i < group * Dh; ++i) queries[j * group * Dh + i] = q[i] * scale;
-        }
-        float* scores = &scores_[static_cast<size_t>(thread) * attention_queries * group * attention_chunk];  // [rows, n]
-        float* partial = &partial_[item.partial];  // per row: max, sum, values [Dh]
-        const int n = item.end - item.first;
-
-        // The next block's run is asked for ahead when it does not follow this one in memory: the hardware prefetchers
-        // carry a run across adjacent blocks but not across a jump, and a sequence that grew a block at a time beside
-        // others has a jump at every block.
-        const size_t block_run_bytes = static_cast<size_t>(B) * dtype_bytes(cache.dtype(), static_cast<int64_t>(Dh));
-        auto jumps_before = [&table](int block_index) { return table[block_index] != table[block_index - 1] + 1; };
-
-        // The chunk's keys, one KV block's run of slots at a time.
-        for (int p = item.first; p < item.end;) {
-            const int slot = p % B, run = std::min(item.end - p, B - slot);
-            if (p + run < item.end && jumps_before(p / B + 1))
-                detail::prefetch_bytes(cache.key(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
-            detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
-                                          static_cast<size_t>(n), queries, static_cast<int>(rows), scores + (p - item.first),
-                                          static_cast<size_t>(run));
-            p += run;
-        }
-        // The positions [from, to) of the chunk that query row r may see.
-        const auto visible = [&](size_t r) {
-            const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
-            return std::pair{std::max(item.first, first_visible(position)), std::min(item.end, position + 1)};
-        };
-        for (size_t r = 0; r < rows; ++r) {
-            const auto [from, to] = visible(r);
-            float* row_partial = &partial[r * (Dh + 2)];  // max, sum, values [Dh]
-            row_partial[0] = -std::numeric_limits<float>::infinity(), row_partial[1] = 0.0f;
-            float* values = row_partial + 2;
-            std::fill(values, values + Dh, 0.0f);
-            if (from >= to) continue;  // nothing this query may see in the chunk: a weight of zero in the merge
-            float* weights = scores + r * n;  // [j]: position item.first + j's score, then its weight
-            const int first = from - item.first, last = to - item.first;
-            const float chunk_max = detail::largest(weights + first, last - first);
-            row_partial[0] = chunk_max;
-            row_partial[1] = detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
-        }
-        // The weighted values of query rows [first_row, first_row + queries) over positions [from, to), one KV block's
-        // run of slots at a time.
-        const auto add_values = [&](size_t first_row, int queries, int from, int to) {
-            for (int p = from; p < to;) {
-                const int slot = p % B, run = std::min(to - p, B - slot);
-                if (p + run < to && jumps_before(p / B + 1))
-                    detail::prefetch_bytes(cache.value(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
-                detail::add_weighted_rows<path>(cache.dtype(), queries, &partial[first_row * (Dh + 2) + 2], Dh + 2,
-                                                cache.value(layer, table[p / B], item.kv_head, slot),
-                                                scores + first_row * n + (p - item.first), static_cast<size_t>(n), run, Dh);
-                p += run;
-            }
-        };
-        // Four rows at a time over the positions all four see (causal rows of a prompt differ only in their last few),
-        // each row alone before and after those: every element's sum still runs in position order.
-        for (size_t r0 = 0; r0 < rows; r0 += 4) {
-            const int queries = static_cast<int>(std::min<size_t>(4, rows - r0));
-            int shared_from = item.first, shared_to = item.end;
-            for (int q = 0; q < queries; ++q) {
-                shared_from = std::max(shared_from, visible(r0 + q).first);
-                shared_to = std::min(shared_to, visible(r0 + q).second);
-            }
-            if (queries < 4 || shared_from >= shared_to) {
-                for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, visible(r0 + q).second);
-                continue;
-            }
-            for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, shared_from);
-            add_values(r0, queries, shared_from, shared_to);
-            for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, shared_to, visible(r0 + q).second);
-        }
-        if (item.whole)
-            for (size_t r = 0; r < rows; ++r) {
-                float* out = &attn_[(tile.first_token + r / group) * q_width + (item.kv_head * group + r % group) * Dh];
-                const float* values = &partial[r * (Dh + 2) + 2];
-                for (size_t d = 0; d < Dh; ++d) out[d] = values[d] / partial[r * (Dh + 2) + 1];
-            }
-    }
-
-    // The chunks of one query tile and KV head, in order, per query row: each chunk's values and sum weighed by
-    // exp(its max − the max).
-    void merge_chunks(size_t tile_head) {
-        const size_t first = merge_ranges_[tile_head], end = merge_ranges_[tile_head + 1];
-        const AttentionItem& lead = attention_items_[first];
-        if (lead.whole) return;  // written by its only item
-        const ModelConfig& c = model_.config;
-        const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
-        const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
-        const QueryTile& tile = query_tiles_[lead.tile];
-        for (size_t r = 0; r < static_cast<size_t>(tile.tokens) * group; ++r) {
-            float best = -std::numeric_limits<float>::infinity(), total = 0.0f;
-            for (size_t item = first; item < end; ++item) best = std::max(best, partial_[attention_items_[item].partial + r * (Dh + 2)]);
-            float* out = &attn_[(tile.first_token + r / group) * q_width + (lead.kv_head * group + r % group) * Dh];
-            std::fill(out, out + Dh, 0.0f);
-            for (size_t item = first; item < end; ++item) {
-                const float* partial = &partial_[attention_items_[item].partial + r * (Dh + 2)];
-                const float weight = std::exp(partial[0] - best);
-                total += partial[1] * weight;
-                for (size_t d = 0; d < Dh; ++d) out[d] += partial[2 + d] * weight;
-            }
-            for (size_t d = 0; d < Dh; ++d) out[d] /= total;
-        }
-    }
+    void attend_with(const Batch& batch, const KVStorage& cache, const BlockTableOf& table_of, int layer,
+                     const AttentionItem& item, int thread);
+    void merge_chunks(size_t tile_head);
 
     const Model& model_;
     ThreadPool& pool_;
@@ -3354,58 +2630,6 @@ private:
     std::vector<int> slot_block_, slot_offset_;  // [T] where each token's K/V go: block and slot
 };
 
-// ---- Where the forward pass runs ------------------------------------------------------------------------------------
-// The CPU forward pass above, or the CUDA kernels of infer_cuda.cu behind the same interface (section 07).
-
-enum class Device { Cpu, Cuda };
-
-inline const char* device_name(Device device) { return device == Device::Cuda ? "cuda" : "cpu"; }
-
-// "cpu" or "cuda" (as --device takes them).
-inline Device parse_device(std::string_view text) {
-    if (text == "cpu") return Device::Cpu;
-    if (text == "cuda") return Device::Cuda;
-    fail("unknown device '", text, "': expected cpu or cuda");
-}
-
-// Settings of the CUDA forward pass (the CPU ignores them).
-struct CudaOptions {
-    enum class Matmul { Cublas, Tiled };
-    Matmul matmul = Matmul::Cublas;  // products of more than vector_rows rows: cuBLAS (fast) or the readable wmma kernel
-    int vector_rows = 8;             // products of at most this many rows: the matrix-vector kernel, activations in f32
-    int prefill_attention_rows = 16; // runs of at least this many tokens of one sequence: the tiled prefill attention
-    bool graphs = true;              // replay decode steps from CUDA graphs, one per batch-size bucket
-    int device = 0;                  // the CUDA device's ordinal
-};
-
-#ifdef INFER_CUDA
-namespace cuda {
-class ForwardPass;  // infer_cuda.cu; section 07 declares it
-}
-#endif
-
-// One forward pass on the chosen device: what the Engine holds. The CPU path is the ForwardPass above, untouched (one
-// predictable branch per step); the CUDA one is built only when asked for, and asking without it is an error. Its
-// constructor and the dispatch are section 07.
-class DeviceForwardPass {
-public:
-    DeviceForwardPass(const Model& model, ThreadPool& pool, Device device = Device::Cpu, CudaOptions options = {});
-    ~DeviceForwardPass();
-    DeviceForwardPass(const DeviceForwardPass&) = delete;
-    DeviceForwardPass& operator=(const DeviceForwardPass&) = delete;
-
-    Device device() const { return device_; }
-    const Model& model() const { return cpu_.model(); }
-    std::span<const float> forward(const Batch& batch, KVCache& cache);
-
-private:
-    ForwardPass cpu_;
-    Device device_;
-#ifdef INFER_CUDA
-    std::unique_ptr<cuda::ForwardPass> cuda_;
-#endif
-};
-
 // ---- Structured outputs: a grammar becomes a token mask -------------------------------------------------------------
 // A request may ask that its output stay inside a language: any JSON object, the JSON of a schema, the matches of a
 // regular expression, one of a list of strings. Each is written as a regular expression over bytes (appendix J turns
@@ -3417,246 +2641,16 @@ private:
 // reuses it. Cost: per token, one pass over V to apply the mask; per new state, one walk over the live part of the
 // trie (milliseconds for 32k tokens, paid once).
 
-// Every token's bytes in a trie, shared by the grammars of one tokenizer. Special tokens (BOS, <|im_start|>) spell no
-// text and are left out; the end ids are allowed exactly where the output may end.
-class TokenTrie {
-public:
-    explicit TokenTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_size()), end_ids_(tokenizer.eos_ids()) {
-        std::vector<std::pair<std::string, int>> spelled;
-        std::vector<std::optional<std::string>> bytes = tokenizer.all_token_bytes();
-        for (int id = 0; id < vocab_size_; ++id)
-            if (bytes[static_cast<size_t>(id)] && !bytes[static_cast<size_t>(id)]->empty() &&
-                std::find(end_ids_.begin(), end_ids_.end(), id) == end_ids_.end())
-                spelled.emplace_back(std::move(*bytes[static_cast<size_t>(id)]), id);
-        std::sort(spelled.begin(), spelled.end());
-        // Sorted byte strings share their prefixes with their predecessor: `path` holds the nodes of the previous one.
-        nodes_.push_back({});  // the root: the empty prefix
-        std::vector<int> path = {0};
-        std::string previous;
-        for (const auto& [text, id] : spelled) {
-            size_t common = 0;
-            while (common < text.size() && common < previous.size() && text[common] == previous[common]) ++common;
-            path.resize(common + 1);
-            for (size_t i = common; i < text.size(); ++i) {
-                const int parent = path.back(), node = static_cast<int>(nodes_.size());
-                nodes_.push_back({.byte = static_cast<uint8_t>(text[i])});
-                if (nodes_[static_cast<size_t>(parent)].last_child >= 0)
-                    nodes_[static_cast<size_t>(nodes_[static_cast<size_t>(parent)].last_child)].next_sibling = node;
-                else nodes_[static_cast<size_t>(parent)].first_child = node;
-                nodes_[static_cast<size_t>(parent)].last_child = node;
-                path.push_back(node);
-            }
-            Node& end = nodes_[static_cast<size_t>(path.back())];
-            if (end.ids_begin < 0) end.ids_begin = static_cast<int>(ids_.size());
-            ids_.push_back(id);
-            end.ids_end = static_cast<int>(ids_.size());
-            bytes_of_[id] = text;
-            previous = text;
-        }
-    }
-
-    int vocab_size() const { return vocab_size_; }
-    const std::vector<int>& end_ids() const { return end_ids_; }
-    // The token's bytes, or nullptr for one that spells no text (a special token, an end id).
-    const std::string* bytes(int id) const {
-        auto found = bytes_of_.find(id);
-        return found == bytes_of_.end() ? nullptr : &found->second;
-    }
-    size_t node_count() const { return nodes_.size(); }
-
-private:
-    friend class Grammar;
-    struct Node {
-        int first_child = -1, last_child = -1, next_sibling = -1;
-        uint8_t byte = 0;
-        int ids_begin = -1, ids_end = -1;  // ids_[begin, end): the tokens whose bytes end here
-    };
-    int vocab_size_ = 0;
-    std::vector<int> end_ids_;
-    std::vector<Node> nodes_;
-    std::vector<int> ids_;
-    std::unordered_map<int, std::string> bytes_of_;
-};
+class Grammar;  // appendix J: one compiled language over one vocabulary, shared by the requests that ask for it
 
 namespace detail {
-// A Thompson NFA over bytes: each state consumes one byte in [lo, hi] and moves to `next`, or moves to both `next`
-// and `other` without consuming anything, or accepts. Appendix J builds one from a regular expression.
-struct NfaState {
-    enum class Kind : uint8_t { Byte, Split, Match } kind = Kind::Match;
-    uint8_t lo = 0, hi = 0;
-    int next = -1, other = -1;
-};
-struct Nfa {
-    std::vector<NfaState> states;
-    int start = 0;
-};
-inline Nfa compile_regex(std::string_view pattern);  // appendix J
+// The grammar's part of sampling (appendix J): the mask for `state` applied to the logits (-inf for every token that
+// would leave the language, and for the end ids too where the request ignores EOS), the state after a token (failing
+// if the token leaves the language), and whether the output is whole with no byte allowed after it.
+inline void mask_logits(const Grammar& grammar, int state, bool ignore_eos, std::span<float> logits);
+inline int advance_grammar(const Grammar& grammar, int state, int token);
+inline bool grammar_finished(const Grammar& grammar, int state);
 }  // namespace detail
-
-// One compiled language over one vocabulary, shared (read-only from outside, thread-safe) by every request that asks
-// for it. States are numbered as they are built; 0 is the start.
-class Grammar {
-public:
-    // `regex` must match the whole output. `description` names the grammar in messages ("response_format json_schema").
-    Grammar(std::string_view regex, std::shared_ptr<const TokenTrie> trie, std::string description)
-        : nfa_(detail::compile_regex(regex)), trie_(std::move(trie)), description_(std::move(description)) {
-        std::vector<int> start = {nfa_.start};
-        state_for(closure(start));
-        std::lock_guard lock(mutex_);
-        if (mask_locked(0).empty()) fail(description_, ": no token of the vocabulary can start an output it allows");
-    }
-
-    static constexpr int max_states = 20000;  // each holds 256 transitions and its mask: bounds memory per grammar
-    static constexpr uint64_t max_work = 200'000'000;  // NFA states visited in all: about a second, bounds the time
-    static constexpr int start = 0;
-    const std::string& description() const { return description_; }
-    const TokenTrie& trie() const { return *trie_; }
-    int state_count() const {
-        std::lock_guard lock(mutex_);
-        return static_cast<int>(states_.size());
-    }
-
-    bool accepts(int state) const {  // the output so far is a whole sentence of the language
-        std::lock_guard lock(mutex_);
-        return states_[static_cast<size_t>(state)]->accepting;
-    }
-    bool can_continue(int state) const {  // some byte may still follow
-        std::lock_guard lock(mutex_);
-        return states_[static_cast<size_t>(state)]->consumes;
-    }
-
-    // The tokens allowed after `state`, one bit per id ([V / 64] words), the end ids included where the output may end.
-    // Computed on first use, then kept: the reference stays valid for the grammar's life.
-    const std::vector<uint64_t>& mask(int state) const {
-        std::lock_guard lock(mutex_);
-        return mask_locked(state);
-    }
-
-    // The state after `token`'s bytes, or -1 if the token leaves the language.
-    int advance(int state, int token) const {
-        const std::string* bytes = trie_->bytes(token);
-        if (!bytes) return -1;
-        std::lock_guard lock(mutex_);
-        for (char c : *bytes) {
-            state = step(state, static_cast<uint8_t>(c));
-            if (state < 0) return -1;
-        }
-        return state;
-    }
-
-private:
-    struct State {
-        std::vector<int> nfa;  // the Byte and Match states the automaton can be in, sorted
-        bool accepting = false, consumes = false;
-        std::array<int, 256> next;  // -2: not built yet; -1: dead (no NFA state left)
-        std::vector<uint64_t> mask;
-        bool masked = false;
-    };
-
-    // The NFA states reachable from `from` without consuming a byte, keeping those that consume or accept.
-    std::vector<int> closure(std::vector<int>& from) const {
-        std::vector<int> kept;
-        // `seen` is kept between calls and cleared by a new stamp, not refilled: a closure touches a few states of an
-        // NFA that may have millions.
-        if (seen_.size() != nfa_.states.size()) seen_.assign(nfa_.states.size(), 0);
-        if (++stamp_ == 0) {
-            std::fill(seen_.begin(), seen_.end(), 0);
-            stamp_ = 1;
-        }
-        while (!from.empty()) {
-            const int i = from.back();
-            from.pop_back();
-            if (seen_[static_cast<size_t>(i)] == stamp_) continue;
-            seen_[static_cast<size_t>(i)] = stamp_;
-            if (++work_ > max_work)
-                fail(description_, ": following this grammar takes more than ", max_work, " automaton steps; simplify it");
-            const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
-            if (s.kind == detail::NfaState::Kind::Split) {
-                from.push_back(s.other);
-                from.push_back(s.next);
-            } else {
-                kept.push_back(i);
-            }
-        }
-        std::sort(kept.begin(), kept.end());
-        return kept;
-    }
-
-    int state_for(std::vector<int> nfa) const {
-        auto found = index_.find(nfa);
-        if (found != index_.end()) return found->second;
-        if (states_.size() >= static_cast<size_t>(max_states))
-            fail(description_, ": the grammar needs more than ", max_states, " automaton states; simplify it");
-        auto state = std::make_unique<State>();
-        for (int i : nfa) {
-            const auto kind = nfa_.states[static_cast<size_t>(i)].kind;
-            state->accepting = state->accepting || kind == detail::NfaState::Kind::Match;
-            state->consumes = state->consumes || kind == detail::NfaState::Kind::Byte;
-        }
-        state->next.fill(-2);
-        state->nfa = nfa;
-        const int id = static_cast<int>(states_.size());
-        states_.push_back(std::move(state));
-        index_.emplace(std::move(nfa), id);
-        return id;
-    }
-
-    // One byte from `state`: the lazy DFA's transition, built on first use. An empty set of NFA states is dead: every
-    // state of an NFA built from a simplified expression lies on a path to acceptance, so a non-empty set is alive.
-    int step(int state, uint8_t byte) const {
-        int& next = states_[static_cast<size_t>(state)]->next[byte];
-        if (next != -2) return next;
-        std::vector<int> targets;
-        for (int i : states_[static_cast<size_t>(state)]->nfa) {
-            const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
-            if (s.kind == detail::NfaState::Kind::Byte && s.lo <= byte && byte <= s.hi) targets.push_back(s.next);
-        }
-        next = targets.empty() ? -1 : state_for(closure(targets));  // States live on the heap: `next` stays valid
-        return next;
-    }
-
-    // The mask: a depth-first walk of the trie alongside the automaton. A token is allowed when the walk reaches its
-    // node alive; a dead byte cuts off every token below it.
-    const std::vector<uint64_t>& mask_locked(int state) const {
-        State& s = *states_[static_cast<size_t>(state)];
-        if (s.masked) return s.mask;
-        std::vector<uint64_t> mask((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
-        bool any = false;
-        auto allow = [&](int id) {
-            mask[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
-            any = true;
-        };
-        if (s.accepting)
-            for (int id : trie_->end_ids())
-                if (id >= 0 && id < trie_->vocab_size()) allow(id);
-        std::vector<std::pair<int, int>> stack = {{0, state}};  // (trie node, automaton state)
-        while (!stack.empty()) {
-            auto [node, at] = stack.back();
-            stack.pop_back();
-            for (int child = trie_->nodes_[static_cast<size_t>(node)].first_child; child >= 0;
-                 child = trie_->nodes_[static_cast<size_t>(child)].next_sibling) {
-                const TokenTrie::Node& c = trie_->nodes_[static_cast<size_t>(child)];
-                const int after = step(at, c.byte);
-                if (after < 0) continue;
-                for (int k = c.ids_begin; k >= 0 && k < c.ids_end; ++k) allow(trie_->ids_[static_cast<size_t>(k)]);
-                if (c.first_child >= 0) stack.emplace_back(child, after);
-            }
-        }
-        s.mask = any ? std::move(mask) : std::vector<uint64_t>();
-        s.masked = true;
-        return s.mask;
-    }
-
-    detail::Nfa nfa_;
-    std::shared_ptr<const TokenTrie> trie_;
-    std::string description_;
-    mutable std::mutex mutex_;
-    mutable std::vector<std::unique_ptr<State>> states_;
-    mutable std::map<std::vector<int>, int> index_;
-    mutable uint64_t work_ = 0;
-    mutable std::vector<uint32_t> seen_;  // [NFA states] closure's marks: == stamp_ when visited in the current call
-    mutable uint32_t stamp_ = 0;
-};
 
 // ---- Sampler --------------------------------------------------------------------------------------------------------
 // Logits to one token id. Constraints first (logit_bias, then the grammar's mask), then penalties (they change the
@@ -3703,32 +2697,12 @@ struct SamplingParams {
     static constexpr int max_logprobs = 20;
 };
 
-// A sampled token's log-probability under the model's own distribution (log-softmax of the raw logits, before
-// penalties, temperature and truncation, as vLLM reports by default), and the `top` likeliest ids with theirs.
-struct TokenLogprob {
-    int id = 0;
-    float logprob = 0;
-    std::vector<std::pair<int, float>> top;  // likeliest first
-};
-
-inline TokenLogprob token_logprob(std::span<const float> logits, int id, int top) {
-    double max = -std::numeric_limits<double>::infinity();
-    for (float l : logits) max = std::max(max, static_cast<double>(l));
-    double sum = 0;
-    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
-    const double log_total = max + std::log(sum);
-    TokenLogprob result;
-    result.id = id;
-    result.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
-    std::vector<int> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int a, int b) {
-        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) result.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_total));
-    return result;
-}
+namespace detail {
+// The sampler's random numbers (appendix B): xoshiro256**, seeded through splitmix64, so that the same seed gives the
+// same stream on every platform, which std::mt19937 with std::uniform_real_distribution does not promise.
+inline void seed_xoshiro(std::array<uint64_t, 4>& state, uint64_t seed);
+inline uint64_t next_xoshiro(std::array<uint64_t, 4>& state);
+}  // namespace detail
 
 class Sampler {
 public:
@@ -3737,16 +2711,7 @@ public:
         for (const auto& [id, bias] : params_.logit_bias)
             if (id >= vocab_size) fail("invalid sampling parameter logit_bias: token id ", id, " is outside the vocabulary (", vocab_size, " tokens)");
         seed_ = params.seed ? *params.seed : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}());
-        // xoshiro256** seeded through splitmix64: the same seed gives the same stream on every platform, which
-        // std::mt19937 + std::uniform_real_distribution does not promise.
-        uint64_t state = seed_;
-        for (auto& word : rng_) {
-            state += 0x9E3779B97F4A7C15ull;
-            uint64_t z = state;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            word = z ^ (z >> 31);
-        }
+        detail::seed_xoshiro(rng_, seed_);
     }
 
     uint64_t seed() const { return seed_; }
@@ -3761,16 +2726,12 @@ public:
         if (id >= 0 && static_cast<size_t>(id) < counts_.size()) {
             if (counts_[id]++ == 0) generated_.push_back(id);
         }
-        if (params_.grammar) {
-            const int next = params_.grammar->advance(grammar_state_, id);
-            if (next < 0) fail(params_.grammar->description(), ": token ", id, " leaves the language the output must stay in");
-            grammar_state_ = next;
-        }
+        if (params_.grammar) grammar_state_ = detail::advance_grammar(*params_.grammar, grammar_state_, id);
     }
 
     // The output is a whole sentence of its grammar and no byte may follow: nothing is left to sample.
     bool grammar_complete() const {
-        return params_.grammar && params_.grammar->accepts(grammar_state_) && !params_.grammar->can_continue(grammar_state_);
+        return params_.grammar && detail::grammar_finished(*params_.grammar, grammar_state_);
     }
 
     // Picks the next token. `logits` [V] is modified in place.
@@ -3821,18 +2782,7 @@ public:
         return last;  // rounding left a sliver of target: the last id with weight
     }
 
-    double uniform() {  // [0, 1) from the top 53 bits of xoshiro256**
-        auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
-        uint64_t result = rotl(rng_[1] * 5, 7) * 9;
-        uint64_t t = rng_[1] << 17;
-        rng_[2] ^= rng_[0];
-        rng_[3] ^= rng_[1];
-        rng_[1] ^= rng_[2];
-        rng_[0] ^= rng_[3];
-        rng_[2] ^= t;
-        rng_[3] = rotl(rng_[3], 45);
-        return static_cast<double>(result >> 11) * 0x1.0p-53;
-    }
+    double uniform() { return static_cast<double>(detail::next_xoshiro(rng_) >> 11) * 0x1.0p-53; }  // [0, 1), 53 bits
 
 private:
     struct Candidate {
@@ -3844,16 +2794,7 @@ private:
     // logit_bias, then the grammar's mask: a token outside the language gets -inf, so no later stage can revive it.
     void constrain(std::span<float> logits) {
         for (const auto& [id, bias] : params_.logit_bias) logits[static_cast<size_t>(id)] += bias;
-        if (!params_.grammar) return;
-        const std::vector<uint64_t>& allowed = params_.grammar->mask(grammar_state_);
-        const float none = -std::numeric_limits<float>::infinity();
-        for (size_t id = 0; id < logits.size(); ++id)
-            if (!(id / 64 < allowed.size() && (allowed[id / 64] >> (id % 64) & 1))) logits[id] = none;
-        if (params_.ignore_eos)  // the output may end, but the request asked not to: only the grammar's own end stops it
-            for (int id : params_.grammar->trie().end_ids())
-                if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] = none;
-        if (std::none_of(logits.begin(), logits.end(), [&](float l) { return l != none; }))
-            fail(params_.grammar->description(), ": no token can continue the output from here");
+        if (params_.grammar) detail::mask_logits(*params_.grammar, grammar_state_, params_.ignore_eos, logits);
     }
 
     void apply_penalties(std::span<float> logits) {
@@ -3931,7 +2872,7 @@ private:
     std::vector<int> seen_in_prompt_;  // prompt ids
     std::vector<char> penalized_;      // [V] scratch
     std::vector<Candidate> candidates_;
-    int grammar_state_ = Grammar::start;
+    int grammar_state_ = 0;  // the grammar's state after the output so far (0: its start)
 };
 
 // ---- One request end to end -----------------------------------------------------------------------------------------
@@ -3962,59 +2903,11 @@ struct GenerationResult {
     LayerTimes times;
 };
 
-namespace detail {
-struct TokenizerSlot {
-    std::mutex mutex;  // two engines built at once on one Model build its tokenizer once
-    std::optional<Tokenizer> tokenizer;
-};
-inline std::shared_ptr<TokenizerSlot> new_tokenizer_slot() { return std::make_shared<TokenizerSlot>(); }
-}  // namespace detail
-
-// Whether tokenizer_for(model) has a tokenizer to give.
-inline bool has_tokenizer(const Model& model) {
-    if (model.tokenizer_slot) {
-        std::lock_guard lock(model.tokenizer_slot->mutex);
-        if (model.tokenizer_slot->tokenizer) return true;
-    }
-    if (model.format == ModelFormat::HuggingFace) return std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json");
-    return !model.vocab.empty();
-}
-
-namespace detail {
-inline Tokenizer read_model_tokenizer(const Model& model) {
-    if (model.format == ModelFormat::HuggingFace) {
-        if (!std::filesystem::exists(std::filesystem::path(model.source) / "tokenizer.json"))
-            fail(model.source, ": no tokenizer.json in the model folder to encode text with; pass token ids instead");
-        return load_tokenizer(model.source);
-    }
-    if (model.vocab.empty() && model.format == ModelFormat::Llama2c)
-        fail(model.source, ": no tokenizer to encode text with: give llama2.c's tokenizer file (--tokenizer FILE; "
-                     "the default is tokenizer.bin beside the model), or pass token ids instead");
-    if (model.vocab.empty())
-        fail(model.source, ": no vocabulary to tokenize text with (",
-                     model.vocab.model_name.empty() ? std::string("no tokenizer.ggml.model")
-                                                    : "unsupported tokenizer.ggml.model \"" + model.vocab.model_name + "\"",
-                     "); pass token ids instead");
-    return tokenizer_from_vocabulary(model.vocab, model.config.bos_id, model.config.eos_ids, model.source);
-}
-}  // namespace detail
-
-// The model's own tokenizer: a Hugging Face folder's tokenizer.json, a GGUF file's vocabulary ("llama" or "gpt2"),
-// llama2.c's tokenizer.bin. Built on the first call and kept in the Model; a Tokenizer is a handle to shared tables,
-// so the copy each call returns costs nothing.
-inline Tokenizer tokenizer_for(const Model& model) {
-    if (!model.tokenizer_slot) fail(model.source, ": this Model was moved from; it has no tokenizer");
-    detail::TokenizerSlot& slot = *model.tokenizer_slot;
-    std::lock_guard lock(slot.mutex);
-    if (!slot.tokenizer) slot.tokenizer = detail::read_model_tokenizer(model);  // a failure is retried next call
-    return *slot.tokenizer;
-}
-
 // Generates from prompt ids; on_text receives the text as it completes (may be empty to skip streaming).
 // `tokenizer` streams the text (nullptr: the model's own, when it has one; without one only ids come out).
 inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, std::vector<int> prompt_ids,
                                           const SamplingParams& params, const std::function<void(std::string_view)>& on_text = {},
-                                          const Tokenizer* tokenizer = nullptr, int warmup_passes = 0) {
+                                          const Tokenizer* tokenizer = nullptr) {
     const ModelConfig& c = model.config;
     GenerationResult result;
     result.prompt_ids = std::move(prompt_ids);
@@ -4027,11 +2920,13 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     result.seed = sampler.seed();
     sampler.set_prompt(result.prompt_ids);
 
-    // One sequence needs one block table: the cache is sized for exactly this request (64-bit sum: max_tokens may be
-    // anything up to INT_MAX).
+    // One sequence, so one block table, the pool in order: the cache is sized for exactly this request (64-bit sum:
+    // max_tokens may be anything up to INT_MAX).
     const int total = static_cast<int>(std::min<int64_t>(c.context_length, int64_t{prompt_length} + params.max_tokens));
-    KVCache cache(c, (total + 15) / 16, 16);
-    cache.reserve(0, total);
+    KVStorage cache(c, (total + 15) / 16, 16);
+    std::vector<int> table(static_cast<size_t>((total + 15) / 16));
+    std::iota(table.begin(), table.end(), 0);  // its blocks in order: positions [16·i, 16·i + 16) in block i
+    const BlockTableOf table_of = [&table](int) -> const std::vector<int>& { return table; };
     ForwardPass forward(model, pool);
     std::optional<Tokenizer> own_tokenizer;
     if (!tokenizer && has_tokenizer(model)) tokenizer = &own_tokenizer.emplace(tokenizer_for(model));
@@ -4045,14 +2940,10 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
     Batch batch;
     for (int i = 0; i < prompt_length; ++i) batch.add(result.prompt_ids[i], i, 0, i == prompt_length - 1);
     std::vector<float> logits(static_cast<size_t>(c.vocab_size));  // [V] a copy: the sampler edits it in place
-    // Untimed passes of the prompt first, where asked (generate --warmup, as llama-bench warms up): a process's first
-    // pass also pays for its buffers' first touch and cold caches, which are not the speed of prefill. Each writes the
-    // same K/V slots the timed prefill then writes again.
-    for (int pass = 0; pass < warmup_passes; ++pass) forward.forward(batch, cache);
     // Stops at max_tokens or when prompt + output fill the context (the model knows no later positions).
     for (int position = prompt_length; position < total; ++position) {
         Stopwatch clock;
-        std::span<const float> row = forward.forward(batch, cache);
+        std::span<const float> row = forward.forward(batch, cache, table_of);
         (position == prompt_length ? result.times.prefill : result.times.decode) += clock.seconds();
         clock.restart();
         logits.assign(row.begin(), row.end());
@@ -4088,23 +2979,94 @@ inline GenerationResult generate_from_ids(const Model& model, ThreadPool& pool, 
 
 // Generates from text: tokenizes with the model's vocabulary (BOS first when the vocabulary asks for it).
 inline GenerationResult generate(const Model& model, ThreadPool& pool, std::string_view prompt, const SamplingParams& params,
-                                 const std::function<void(std::string_view)>& on_text = {}, int warmup_passes = 0) {
+                                 const std::function<void(std::string_view)>& on_text = {}) {
     Stopwatch clock;
     Tokenizer tokenizer = tokenizer_for(model);
     std::vector<int> ids = tokenizer.encode(prompt);
     double tokenize_seconds = clock.seconds();
-    GenerationResult result = generate_from_ids(model, pool, std::move(ids), params, on_text, &tokenizer, warmup_passes);
+    GenerationResult result = generate_from_ids(model, pool, std::move(ids), params, on_text, &tokenizer);
     result.times.tokenize = tokenize_seconds;
     return result;
 }
 
 // ==== 05 KV CACHE ====================================================================================================
-// The block manager behind the storage of section 04. A sequence takes a block at a time as it grows, so it holds its
-// length rounded up to B, not its maximum length. Prefix caching: a full block is named by a hash chained over (its
-// parent block's name, its B token ids), so two prompts that start alike share their first blocks (reference
-// counts), and a finished request's blocks stay cached until the pool needs them back, least recently used first. A
-// hit skips the prefill of those tokens. Cost: a hash per full block and a map lookup per block; nothing next to the
-// forward pass. (chapter 05)
+// Section 04's pool of blocks, managed: a sequence takes a block at a time as it grows, so it holds its length rounded
+// up to B, not its maximum length. Prefix caching: a full block is named by a hash chained over (its parent block's
+// name, its B token ids), so two prompts that start alike share their first blocks (reference counts), and a finished
+// request's blocks stay cached until the pool needs them back, least recently used first. A hit skips the prefill of
+// those tokens. Cost: a hash per full block and a map lookup per block; nothing next to the forward pass. (chapter 05)
+
+// The paged KV cache: each sequence's block table over one pool (section 04's KVStorage), which it allocates at first
+// use, so that an engine whose forward pass keeps its own pool on a GPU, and follows these tables, holds none on the
+// host.
+class KVCache {
+public:
+    // dtype: how keys and values are stored, F32 (the default), F16 or BF16.
+    KVCache(const ModelConfig& config, int num_blocks, int block_size = 16, DType dtype = DType::F32);
+    ~KVCache();
+    KVCache(const KVCache&) = delete;
+    KVCache& operator=(const KVCache&) = delete;
+
+    // The pool of keys and values, allocated on first use.
+    KVStorage& storage() const {
+        if (!storage_) storage_ = std::make_unique<KVStorage>(config_, num_blocks_, block_size_, dtype_);
+        return *storage_;
+    }
+    // Writes the whole pool once (KVStorage::touch): its page faults at the start instead of inside the first steps.
+    void touch() { storage().touch(); }
+
+    static size_t bytes_per_token(const ModelConfig& c, DType dtype = DType::F32) { return KVStorage::bytes_per_token(c, dtype); }
+    // How many blocks a memory budget buys (at least one).
+    static int blocks_for_memory(const ModelConfig& c, size_t bytes, int block_size, DType dtype = DType::F32) {
+        size_t per_block = bytes_per_token(c, dtype) * static_cast<size_t>(std::max(block_size, 1));
+        return static_cast<int>(std::clamp<size_t>(bytes / per_block, 1, std::numeric_limits<int>::max()));
+    }
+
+    int block_size() const { return block_size_; }
+    int num_blocks() const { return num_blocks_; }
+    int capacity_tokens() const { return num_blocks_ * block_size_; }
+    DType dtype() const { return dtype_; }
+    // One slot's key or value in the pool (KVStorage::key), for code that reads the cache itself.
+    std::byte* key(int layer, int block, int kv_head, int slot) { return storage().key(layer, block, kv_head, slot); }
+    std::byte* value(int layer, int block, int kv_head, int slot) { return storage().value(layer, block, kv_head, slot); }
+    const std::byte* key(int layer, int block, int kv_head, int slot) const { return storage().key(layer, block, kv_head, slot); }
+    const std::byte* value(int layer, int block, int kv_head, int slot) const {
+        return storage().value(layer, block, kv_head, slot);
+    }
+
+    // The blocks of a sequence, in position order: table[i] holds positions [i·B, (i+1)·B).
+    const std::vector<int>& block_table(int sequence) const;
+    bool has_sequence(int sequence) const;
+
+    // reserve() grows a sequence's table to hold n_tokens positions and returns false, changing nothing, when the pool
+    // is out of blocks: an expected outcome the scheduler handles, not an error. release() gives a sequence's blocks
+    // back. The rest is prefix caching: a new prompt attaches the cached blocks of its longest already-computed prefix
+    // (match_prefix), and computed blocks are named for later prompts (commit).
+    bool reserve(int sequence, int n_tokens);
+    void release(int sequence);
+    void truncate(int sequence, int n_tokens);  // gives back the blocks past n_tokens (rejected speculative tokens)
+    int match_prefix(int sequence, std::span<const int> tokens);
+    int cached_prefix_tokens(std::span<const int> tokens) const;  // what match_prefix would find, changing nothing
+    void commit(int sequence, std::span<const int> tokens, int n_computed);
+    void set_prefix_caching(bool on);
+    bool prefix_caching() const;
+    // The pool's three states: held by a sequence, cached (no holder, still findable by its prefix: reusable, and
+    // evictable when the free list runs dry), and free.
+    int used_block_count() const { return num_blocks_ - free_block_count() - cached_block_count(); }
+    int cached_block_count() const;
+    int free_block_count() const;
+    int available_block_count() const { return free_block_count() + cached_block_count(); }
+    int ref_count(int block) const;  // how many sequences' tables hold the block
+
+private:
+    struct BlockManager;
+
+    ModelConfig config_;
+    int block_size_, num_blocks_;
+    DType dtype_;
+    std::unique_ptr<BlockManager> blocks_;
+    mutable std::unique_ptr<KVStorage> storage_;
+};
 
 // The block manager's state: each block's reference count and name, the free list, the cached blocks in release
 // order, and each sequence's table.
@@ -4174,16 +3136,12 @@ struct KVCache::BlockManager {
 };
 
 inline KVCache::KVCache(const ModelConfig& config, int num_blocks, int block_size, DType dtype)
-    : layers_(config.n_layers), block_size_(block_size), num_blocks_(num_blocks), kv_heads_(config.n_kv_heads),
-      head_dim_(config.head_dim), dtype_(dtype), blocks_(std::make_unique<BlockManager>()) {
+    : config_(config), block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype),
+      blocks_(std::make_unique<BlockManager>()) {
     if (block_size <= 0) fail("KV cache block size must be positive, found ", block_size);
     if (num_blocks <= 0) fail("KV cache needs at least one block, found ", num_blocks);
     if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
         fail("KV cache type must be f32, f16 or bf16, found ", dtype_name(dtype));
-    // Left uninitialized on purpose: attention reads only slots it wrote, and untouched pages of a large pool then
-    // cost no memory until a sequence reaches them (as a GPU engine's cudaMalloc'd pool); touch() writes them all.
-    keys_.reset(static_cast<std::byte*>(::operator new[](pool_bytes(), cache_line)));
-    values_.reset(static_cast<std::byte*>(::operator new[](pool_bytes(), cache_line)));
     blocks_->blocks.resize(static_cast<size_t>(num_blocks_));
     for (int block = num_blocks_ - 1; block >= 0; --block) blocks_->free_blocks.push_back(block);
 }
@@ -4201,6 +3159,11 @@ inline bool KVCache::prefix_caching() const { return blocks_->prefix_caching; }
 inline int KVCache::cached_block_count() const { return static_cast<int>(blocks_->evictable.size()); }
 inline int KVCache::free_block_count() const { return static_cast<int>(blocks_->free_blocks.size()); }
 inline int KVCache::ref_count(int block) const { return blocks_->blocks.at(static_cast<size_t>(block)).ref_count; }
+
+// The forward pass of section 04 over the paged cache: its pool and each sequence's table.
+inline std::span<const float> ForwardPass::forward(const Batch& batch, KVCache& cache) {
+    return forward(batch, cache.storage(), [&cache](int sequence) -> const std::vector<int>& { return cache.block_table(sequence); });
+}
 
 // Paging: a sequence takes blocks one at a time as it grows, so the memory it holds is its length rounded up to B
 // (chapter 05 measures the waste against reserving a whole context per request).
@@ -4722,6 +3685,58 @@ inline int verify_draft_token(Sampler& sampler, std::span<float> logits, int dra
     return residual_mass > 0 ? sampler.draw(p) : drafted;
 }
 
+// ---- Where the forward pass runs ------------------------------------------------------------------------------------
+// The CPU forward pass of section 04, or the CUDA kernels of infer_cuda.cu behind the same interface (section 07).
+
+enum class Device { Cpu, Cuda };
+
+inline const char* device_name(Device device) { return device == Device::Cuda ? "cuda" : "cpu"; }
+
+// "cpu" or "cuda" (as --device takes them).
+inline Device parse_device(std::string_view text) {
+    if (text == "cpu") return Device::Cpu;
+    if (text == "cuda") return Device::Cuda;
+    fail("unknown device '", text, "': expected cpu or cuda");
+}
+
+// Settings of the CUDA forward pass (the CPU ignores them).
+struct CudaOptions {
+    enum class Matmul { Cublas, Tiled };
+    Matmul matmul = Matmul::Cublas;  // products of more than vector_rows rows: cuBLAS (fast) or the readable wmma kernel
+    int vector_rows = 8;             // products of at most this many rows: the matrix-vector kernel, activations in f32
+    int prefill_attention_rows = 16; // runs of at least this many tokens of one sequence: the tiled prefill attention
+    bool graphs = true;              // replay decode steps from CUDA graphs, one per batch-size bucket
+    int device = 0;                  // the CUDA device's ordinal
+};
+
+#ifdef INFER_CUDA
+namespace cuda {
+class ForwardPass;  // infer_cuda.cu; section 07 declares it
+}
+#endif
+
+// One forward pass on the chosen device: what the Engine holds. The CPU path is section 04's ForwardPass, untouched (one
+// predictable branch per step); the CUDA one is built only when asked for, and asking without it is an error. Its
+// constructor and the dispatch are section 07.
+class DeviceForwardPass {
+public:
+    DeviceForwardPass(const Model& model, ThreadPool& pool, Device device = Device::Cpu, CudaOptions options = {});
+    ~DeviceForwardPass();
+    DeviceForwardPass(const DeviceForwardPass&) = delete;
+    DeviceForwardPass& operator=(const DeviceForwardPass&) = delete;
+
+    Device device() const { return device_; }
+    const Model& model() const { return cpu_.model(); }
+    std::span<const float> forward(const Batch& batch, KVCache& cache);
+
+private:
+    ForwardPass cpu_;
+    Device device_;
+#ifdef INFER_CUDA
+    std::unique_ptr<cuda::ForwardPass> cuda_;
+#endif
+};
+
 // ---- Engine ---------------------------------------------------------------------------------------------------------
 // add_request() queues a request; each step() asks the scheduler for a batch, runs one forward pass over it, samples
 // each sequence that reached its last token with that request's own sampler, turns the ids into text (holding back
@@ -4740,7 +3755,35 @@ struct EngineConfig {
     Device device = Device::Cpu;   // where the forward pass runs (section 07); the rest of the engine is the same
     CudaOptions cuda;              // with Device::Cuda
     SpecConfig spec;               // speculative decoding: off unless a method (or a proposer) is set
+    size_t step_history = 2048;    // StepStats that steps() keeps: at least the latest this many; 0 keeps every step
 };
+
+// A sampled token's log-probability under the model's own distribution (log-softmax of the raw logits, before
+// penalties, temperature and truncation, as vLLM reports by default), and the `top` likeliest ids with theirs.
+struct TokenLogprob {
+    int id = 0;
+    float logprob = 0;
+    std::vector<std::pair<int, float>> top;  // likeliest first
+};
+
+inline TokenLogprob token_logprob(std::span<const float> logits, int id, int top) {
+    double max = -std::numeric_limits<double>::infinity();
+    for (float l : logits) max = std::max(max, static_cast<double>(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+    const double log_total = max + std::log(sum);
+    TokenLogprob result;
+    result.id = id;
+    result.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
+    std::vector<int> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int a, int b) {
+        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) result.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_total));
+    return result;
+}
 
 // What one step did to one request: the ids it produced, the text they completed, and whether it finished.
 struct Event {
@@ -4825,6 +3868,7 @@ public:
     int waiting_count() const { return static_cast<int>(scheduler_.waiting_count()); }  // queued, not yet admitted
     int running_count() const { return static_cast<int>(scheduler_.running_count()); }  // in the running batch
     const EngineConfig& config() const { return config_; }
+    const Model& model() const { return model_; }
     const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
 
     // Queues a request and returns its id. A request that can never run (empty prompt, prompt + max_tokens beyond the
@@ -4994,7 +4038,11 @@ private:
         stats.blocks_cached = cache_.cached_block_count();
         if (!plan.chunks.empty()) {
             ++totals_.steps;
+            // A long-running server keeps only the latest steps: once twice step_history have gathered, the older
+            // half goes, one move per step_history steps rather than one per step.
             steps_.push_back(stats);
+            const size_t keep = config_.step_history;
+            if (keep > 0 && steps_.size() >= 2 * keep) steps_.erase(steps_.begin(), steps_.end() - static_cast<std::ptrdiff_t>(keep));
         }
         totals_.prefill_tokens += plan.prefill_tokens;
         totals_.decode_tokens += plan.decode_tokens;
@@ -5282,7 +4330,7 @@ private:
     std::vector<DraftRequest> draft_requests_;  // this step's requests to the proposer
     std::vector<int> drafted_;                  // [draft] the guesses being verified
     std::vector<float> scratch_;                // [V] p, then the residual, during verification
-    std::vector<StepStats> steps_;  // one per step that ran: the Chrome trace and chapter 06 read them
+    std::vector<StepStats> steps_;  // the latest steps that ran (step_history): the Chrome trace and chapter 06 read them
     EngineTotals totals_;
     Stopwatch clock_;               // every time in RequestTimes and StepStats counts from here
     int next_id_ = 0;
@@ -5889,7 +4937,7 @@ inline const char* gguf_tensor_type_name(uint32_t type) {
 
 }  // namespace detail
 
-// ---- GGUF metadata lookups ----------------------------------------------------------------------------------------
+// ---- GGUF metadata lookups ------------------------------------------------------------------------------------------
 
 inline const detail::GgufValue* GgufFile::find(const std::string& key) const {
     auto found = metadata.find(key);
@@ -6123,12 +5171,40 @@ inline std::string read_text_file(const std::filesystem::path& path) {
 }
 
 
+namespace detail {
+// ---- The sampler's random numbers -----------------------------------------------------------------------------------
+// xoshiro256** (Blackman and Vigna): 256 bits of state, seeded through splitmix64 so that nearby seeds give unrelated
+// streams.
+inline void seed_xoshiro(std::array<uint64_t, 4>& state, uint64_t seed) {
+    for (auto& word : state) {
+        seed += 0x9E3779B97F4A7C15ull;
+        uint64_t z = seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        word = z ^ (z >> 31);
+    }
+}
+
+inline uint64_t next_xoshiro(std::array<uint64_t, 4>& s) {
+    auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+}  // namespace detail
+
 // ==== C UNICODE ======================================================================================================
 // UTF-8 decoding and repair, the Unicode categories the split patterns ask for (\p{L}, \p{N}, \s), and NFC
 // normalization (UAX #15) that Qwen's tokenizer applies. The tables are generated from Python's unicodedata by
 // scripts/make_unicode_tables.py, so the header stays self-contained.
 
-// ---- UTF-8 -----------------------------------------------------------------------------------------------------------
+// ---- UTF-8 ----------------------------------------------------------------------------------------------------------
 
 namespace detail {
 
@@ -6220,14 +5296,14 @@ inline bool ends_with_replacement(std::string_view text) { return ends_with(text
 
 }  // namespace detail
 
-// ---- Unicode tables --------------------------------------------------------------------------------------------------
+// ---- Unicode tables -------------------------------------------------------------------------------------------------
 // The regex's \p{L}, \p{N}, \s and the NFC normalizer need Unicode data. A script writes it here as compact range
 // tables, so the header stays self-contained; rerun it to move to another Unicode version.
 
 namespace detail::unicode {
 
 // clang-format off
-// ---- BEGIN GENERATED UNICODE TABLES (scripts/make_unicode_tables.py, Unicode 14.0.0; do not edit by hand) ----
+// ---- BEGIN GENERATED UNICODE TABLES (scripts/make_unicode_tables.py, Unicode 14.0.0; do not edit by hand) -----------
 // General category L (Lu Ll Lt Lm Lo): \p{L}: 648 ranges, first and last code point of each.
 inline constexpr char32_t letter_ranges[][2] = {
     {0x41,0x5A},{0x61,0x7A},{0xAA,0xAA},{0xB5,0xB5},{0xBA,0xBA},{0xC0,0xD6},{0xD8,0xF6},{0xF8,0x2C1},{0x2C6,0x2D1},{0x2E0,0x2E4},
@@ -6772,7 +5848,7 @@ inline constexpr char32_t canonical_decompositions[][3] = {
 };
 // Non-ASCII code points whose case folding is an ASCII letter: {code point, folded}.
 inline constexpr char32_t ascii_case_folds[][2] = {{0x17F,0x73},{0x212A,0x6B}};
-// ---- END GENERATED UNICODE TABLES ----
+// ---- END GENERATED UNICODE TABLES -----------------------------------------------------------------------------------
 // clang-format on
 
 }  // namespace detail::unicode
@@ -6813,7 +5889,7 @@ inline char32_t fold_case(char32_t cp) {
     return cp;
 }
 
-// ---- NFC: canonical decomposition, canonical order, canonical composition (UAX #15) ----------------------------------
+// ---- NFC: canonical decomposition, canonical order, canonical composition (UAX #15) ---------------------------------
 
 inline int combining_class(char32_t cp) {
     if (cp < 0x300) return 0;
@@ -6917,7 +5993,7 @@ inline std::string nfc(std::string_view text) {
 
 namespace detail {
 
-// ---- Regex -----------------------------------------------------------------------------------------------------------
+// ---- Regex ----------------------------------------------------------------------------------------------------------
 // The pre-tokenizer patterns are written for Oniguruma (Hugging Face) and PCRE: leftmost-first alternation, greedy
 // quantifiers that backtrack, \p{L}-style classes, (?i:...) and (?!...). This is a small backtracking matcher for that
 // subset over code points; anything outside it is an error naming the construct, never a silent difference. Compiled
@@ -7649,7 +6725,7 @@ inline std::vector<std::string> Tokenizer::apply_decoder(const detail::DecoderSt
     return tokens;
 }
 
-// ---- Building tokenizers: from a Vocabulary (llama2.c, GGUF) or a tokenizer.json -------------------------------------
+// ---- Building tokenizers: from a Vocabulary (llama2.c, GGUF) or a tokenizer.json ------------------------------------
 
 namespace detail {
 
@@ -8412,13 +7488,821 @@ inline ConvertedVocabulary vocabulary_from_tokenizer_json(const std::filesystem:
     return out;
 }
 
-// ==== F SIMD KERNELS =================================================================================================
-// The AVX2 and AVX-512 twins of section 04's portable kernels. Each is compiled for its instruction set through a
-// target attribute, whatever flags the program is built with, and runs only where cpu_supports() says the CPU has it;
-// helpers that use intrinsics carry the same attribute (a lambda would not inherit it, so there are none here). The
-// float tiles keep the portable kernel's sixteen lanes per sum (AVX-512: one register; AVX2: two of eight) and fold
-// them in its tree, so every path gives the same bits. bf16 and f16 weights are widened in registers.
+// ==== F CPU KERNELS ==================================================================================================
+// How section 04's operations run fast on a CPU, giving the same bits as their portable definitions. First the choice
+// of kernels (the widest SIMD path the CPU runs, chosen once from CPUID) and the bf16 products; then the matmul's
+// tiles, the loop order that keeps a block of weight rows in L2 while tiles of tokens pass over it, the prefetch
+// requests, and the dispatch by weight type; last the AVX2 and AVX-512 twins themselves. Each SIMD kernel is compiled
+// for its instruction set through a target attribute, whatever flags the program is built with, and runs only where
+// cpu_supports() says the CPU has it; helpers that use intrinsics carry the same attribute (a lambda would not
+// inherit it, so there are none here). The float tiles keep the portable kernel's sixteen lanes per sum (AVX-512: one
+// register; AVX2: two of eight) and fold them in its tree, so every path gives the same bits. bf16 and f16 weights
+// are widened in registers. Chapter 07 teaches why these choices matter: the roofline of each pass.
 
+// ---- Which SIMD kernels run -----------------------------------------------------------------------------------------
+// One binary is fast on every x86-64 machine: the matmul and attention kernels exist as a portable loop and as AVX2
+// (with FMA and F16C) and AVX-512 versions compiled through target attributes (appendix F), and the widest the CPU
+// supports is chosen once, at first use, from CPUID. All three build every sum in the same order out of fused
+// multiply-adds, so they give identical logits. INFER_KERNELS=portable|avx2|avx512 in the environment, or
+// use_cpu_kernels(), picks one by hand (the tests compare them on the machine's paths).
+
+inline const char* cpu_kernels_name(CpuKernels kernels) {
+    switch (kernels) {
+        case CpuKernels::Avx2: return "avx2";
+        case CpuKernels::Avx512: return "avx512";
+        default: return "portable";
+    }
+}
+
+// Whether this CPU (and its operating system, which must save the wider registers) runs a path.
+inline bool cpu_supports(CpuKernels kernels) {
+#ifdef INFER_X86_KERNELS
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // every AVX2 CPU has F16C
+    switch (kernels) {
+        case CpuKernels::Portable: return true;
+        case CpuKernels::Avx2: return avx2;
+        case CpuKernels::Avx512:
+            return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl");
+    }
+    return false;
+#else
+    return kernels == CpuKernels::Portable;
+#endif
+}
+
+inline CpuKernels best_cpu_kernels() {
+    for (CpuKernels kernels : {CpuKernels::Avx512, CpuKernels::Avx2})
+        if (cpu_supports(kernels)) return kernels;
+    return CpuKernels::Portable;
+}
+
+inline CpuKernels parse_cpu_kernels(std::string_view name, std::string_view where) {
+    for (CpuKernels kernels : {CpuKernels::Portable, CpuKernels::Avx2, CpuKernels::Avx512})
+        if (name == cpu_kernels_name(kernels)) {
+            if (!cpu_supports(kernels)) fail(where, ": this CPU cannot run the ", name, " kernels (best: ", cpu_kernels_name(best_cpu_kernels()), ")");
+            return kernels;
+        }
+    fail(where, ": unknown kernels \"", name, "\" (portable, avx2 or avx512)");
+}
+
+namespace detail {
+inline std::atomic<int>& kernel_choice() {
+    static std::atomic<int> choice{-1};  // -1: not chosen yet
+    return choice;
+}
+}  // namespace detail
+
+// The path in use: INFER_KERNELS if set, else the best the CPU runs. Read by every matmul; cheap after the first call.
+inline CpuKernels cpu_kernels() {
+    int choice = detail::kernel_choice().load(std::memory_order_relaxed);
+    if (choice < 0) {
+        const char* asked = std::getenv("INFER_KERNELS");
+        CpuKernels kernels = asked && *asked ? parse_cpu_kernels(asked, "INFER_KERNELS") : best_cpu_kernels();
+        choice = static_cast<int>(kernels);
+        detail::kernel_choice().store(choice, std::memory_order_relaxed);
+    }
+    return static_cast<CpuKernels>(choice);
+}
+
+// Switches every later matmul to `kernels` (fails if the CPU cannot run them). Not while a forward pass runs.
+inline void use_cpu_kernels(CpuKernels kernels) {
+    if (!cpu_supports(kernels)) fail("this CPU cannot run the ", cpu_kernels_name(kernels), " kernels");
+    detail::kernel_choice().store(static_cast<int>(kernels), std::memory_order_relaxed);
+}
+
+// bf16 × bf16 products (opt-in): llama.cpp's arithmetic for bf16 weights.
+// llama.cpp multiplies bf16 weights by activations rounded to bf16, with AVX512_BF16's vdpbf16ps: 32 products per
+// instruction where widening the weights to f32 gives 16, and no widening. use_bf16_activations(true) (or
+// INFER_BF16_ACTIVATIONS=1, or infer's --bf16-activations) does the same for every BF16 matrix: prefill's arithmetic
+// halves where the CPU has AVX512_BF16. The cost is precision: each activation keeps 8 of its 24 significant bits,
+// so logits move by a few thousandths (chapter 07 has the figures); off by default, where bf16 weights meet f32
+// activations and the logits match the reference engines' to 1e-4. The sums are defined so that a portable loop
+// gives vdpbf16ps's bits:
+//   - each activation rounded to bf16 (nearest, ties to even), a subnormal one to zero;
+//   - 16 lanes per sum: in each block of 32 columns, lane j adds the product of column 2j + 1, then that of column 2j,
+//     each step one rounding of the exact product (8 × 8 significant bits fit a float) added to the lane, that is a
+//     fused multiply-add, a subnormal result flushed to zero and a subnormal weight read as zero;
+//   - fold_lanes's tree, then the last K % 32 columns in order (plain fused multiply-adds).
+// So batch invariance and the identical logits of every path hold in this mode too.
+
+namespace detail {
+inline std::atomic<bool>& bf16_activation_choice() {
+    static std::atomic<bool> choice{[] {
+        const std::string_view asked = std::getenv("INFER_BF16_ACTIVATIONS") ? std::getenv("INFER_BF16_ACTIVATIONS") : "";
+        if (asked != "" && asked != "0" && asked != "1") fail("INFER_BF16_ACTIVATIONS: \"", asked, "\" is not 0 or 1");
+        return asked == "1";
+    }()};
+    return choice;
+}
+}  // namespace detail
+
+inline bool bf16_activations() { return detail::bf16_activation_choice().load(std::memory_order_relaxed); }
+// Switches every later matmul of BF16 weights to (or back from) the bf16 products. Not while a forward pass runs.
+inline void use_bf16_activations(bool on) { detail::bf16_activation_choice().store(on, std::memory_order_relaxed); }
+
+namespace detail {
+
+// What a full AVX-512 tile asks the memory system for while it computes (a hint: no effect on any result). The tile
+// reads three rows at once, interleaved streams the hardware prefetchers follow too late, so it asks itself, in one of
+// two ways (for_each_block_and_tile below decides which):
+// - own_rows: in each of its R rows, the line tile_prefetch_bytes<C> / R ahead of the one it reads, into L1, and past
+//   the row's end that far into the same row of the next R (the rows are adjacent, so the requests cover the matrix,
+//   across the block's end into the next). This is the first tile over a block, which reads the block from memory
+//   unless earlier tiles asked for it. Without the requests a tile of 8 tokens reading from memory ran at half the
+//   rate of one sequential stream, waiting on its loads. The lead is counted along each row because the R rows are
+//   read side by side: a single distance in addresses lands in the next rows of the same R, read at the same moment,
+//   so 8 KB past every line gave one or two rows of every three no lead at all on 4 KB and 8 KB rows (K = 2048 or
+//   4096 in bf16, 2048 in f32). Per row instead of 8 KB in addresses (one matrix from memory, 2 threads): 8 tokens,
+//   bf16 K = 2048 1.08–1.16×, 4096 1.15×, 5632 1.23× (11 KB rows, where each row's lead was 8 KB), f32 K = 2048
+//   1.23×, 4096 1.20×; 4 tokens (16 KB), bf16 K = 4096 1.32×, 8192 1.30×, 2048 and 5632 0.95–1.00×; f32 K = 768
+//   (3 KB rows, where 8 KB in addresses happened to give each row about 2 KB) 0.96–1.00×.
+// - [begin, begin + bytes): a share of the next block, into L2. These are the full tiles over a block that the
+//   tiles over the block before asked for, which find it in L2 and bring in the next while they compute: the later
+//   tiles, and the first too where a block has two full tiles or more (16 tokens on; one matrix from memory, 2
+//   threads, against the first asking for its own rows: bf16 K = 2048 1.17× at 16 tokens, 1.04–1.08× at 24 to 64,
+//   K = 5632 1.11×; f32 K = 2048 1.15× at 16, K = 768 1.05–1.07× at 32 and 64 but 0.94–0.95× at 16; one full tile
+//   alone measured 0.90× sharing). (The later tiles asking for their own rows instead was a tenth slower on the
+//   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
+//   R lines at a time, so that its share comes in over most of its run rather than in a burst at its start: with 15
+//   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
+//   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
+//   bf16; a lone sharing tile asks in every step).
+//   Only the last of those tiles share the next block, as many as bring at most next_block_activation_bytes of
+//   activations after the first of them (below).
+// The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
+// four tokens, slower with one or two), and ask for nothing; four or two tokens three rows at a time (16-bit rows,
+// and f32 rows past one_row_activation_bytes) ask for their own rows as a first full tile does; after another tile
+// (rows_cached) the block is in L2.
+struct Prefetch {
+    bool own_rows = false;
+    const std::byte* begin = nullptr;
+    size_t bytes = 0;
+    bool rows_cached = false;  // another tile has just passed over these rows
+    unsigned pace = 0;  // a share's tile asks in one step out of 2^pace
+};
+
+// The activations that pass through L2 between the first request for the next block and the end of this one: the tiles
+// that share the next block are the last ones over this block whose activations come to this much, and at least four.
+// Asked for earlier, the next block's rows wait in L2 while every later tile's activations come through it (with 128
+// tokens of 2048 f32 columns, 1 MB of them per block), and some are gone before their turn. Against every full tile
+// sharing, 2 threads, AVX-512: all the projections of every layer of the 1.1B f32 file 1.02–1.04× at 128 and 512
+// tokens (its 2048-column matrices 1.03–1.04×, the 5632-column one 1.00×); whole prefill passes of 128 tokens (both
+// builds alternating, fastest and median of 7 to 15 pairs) 1.1B f32 1.03–1.05×, bf16 1.02–1.03×, 110M f32 1.00–1.01×;
+// with AVX2 forced, 1.1B f32 1.01–1.06×, 110M f32 1.00×.
+constexpr size_t next_block_activation_bytes = size_t{256} << 10;
+constexpr int fewest_sharing_tiles = 4;
+
+// How far ahead of its reads a tile of C tokens asks for its own rows, its R rows together (each row a share of it,
+// along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens (measured with 8 and 16 sequences:
+// 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times for 2, whose
+// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms
+// at 16 to 32 KB).
+template <int C>
+constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
+
+// A tile's activations that stay in L1 while rows pass under it (L1 holds 32 to 48 KB on CPUs with AVX-512, and the
+// rows pass through it too). Past that (8 tokens of more than 1024 columns: every matrix of a 2048-wide model) a
+// tile whose rows are in L2 reads them in column panels that fit, over a chunk of rows at a time, the chunk's sums
+// kept in memory from one panel to the next: each lane still adds its columns in order, so the bits are the same,
+// while the activations come from L2 once per chunk instead of once per three rows (one core, 8 MB of bf16 weights
+// at K = 2048, 128 tokens: 147 → 161 GFLOP/s; f32 95 → 121).
+constexpr size_t tile_activation_bytes = size_t{32} << 10;
+
+// The activations that a tile one row at a time keeps in L1: it reads all of them again for every row, while the
+// weights stream through L1 beside them, so only about a third of L1. Past that, 4 or 2 tokens of f32 rows go three
+// rows at a time as 16-bit rows always do, each activation loaded serving three rows. One matrix kind at a time over
+// the 22 layers of a 1.1B f32 file (2048 and 5632 columns), 2 threads: 4 tokens moved 22–26 GB/s one row at a time,
+// 44–47 GB/s three at a time (all four kinds, fastest of 9 pairs: 2.1× at 4 tokens, 1.7× at 5 and 6, 1.1× at 2 and
+// 3); the 110M f32 file's down projection (2048 columns) 1.4–1.7× at 4 to 7 tokens, its four kinds together
+// 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
+constexpr size_t one_row_activation_bytes = size_t{16} << 10;
+
+// The activations of one pass of AVX2's three-row tile (four tokens or two, three_row_tile_avx2) that stay in L1: half
+// of the 32 KB that many AVX2 CPUs have (on the 1.1B f32 file here, with a 48 KB L1, 16 KB ran as fast as 32 or
+// faster). Past it (four tokens of more than 1024 columns) the passes that find their rows in L2 read them in column
+// panels, as tile_activation_bytes has AVX-512's tiles do.
+constexpr size_t pass_activation_bytes = size_t{16} << 10;
+
+#ifdef INFER_X86_KERNELS
+// (Declarations repeat the definitions' target attributes: with other attributes they would name other functions.)
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows, const float* x,
+                                                 size_t K, float* out, size_t N);
+template <DType dtype, int C>
+[[gnu::target("avx2,fma,f16c")]] void three_row_tile_avx2(const std::byte* weights, size_t row_bytes, size_t rows,
+                                                           const float* x, size_t K, float* out, size_t N, Prefetch ahead);
+template <DType dtype, int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] void tile_avx512(const std::byte* weights, size_t row_bytes,
+                                                                             size_t rows, const float* x, size_t K, float* out,
+                                                                             size_t N, Prefetch ahead);
+#endif
+
+// Tokens per tile: as many sums as the registers hold beside the weights and the activation being multiplied. An
+// AVX-512 sum is one register of sixteen lanes (32 registers: 8 tokens × 3 rows); an AVX2 sum two of eight, or one
+// while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens
+// the rows go one at a time, in memory order: at decode the matrix is then one sequential stream, which the hardware
+// prefetchers follow best (interleaving several rows' streams measured up to 2× slower there). Two exceptions, where
+// the arithmetic is the limit rather than the stream, take AVX-512 three rows at a time too: the tokens after the first
+// tile over a block (a batch of 9 to 15, a prompt's last few, the 2 and 1 after a 4), whose rows that tile has just
+// brought into L2 (110M bf16, a pass's projections for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time);
+// and 4 or 2 tokens of 16-bit weights, whose bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0
+// ms → 7.0 and 7.7 ms; 1.1B bf16, a decode step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32
+// weights whose activations outgrow L1 one row at a time (one_row_activation_bytes).
+constexpr int tile_tokens = 8;
+// Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
+constexpr int tile_rows = 3;
+
+// C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C. The first full
+// tile over a block of 16-bit rows goes as two tiles of C / 2 where that lets its activations stay in L1 (more than
+// 1024 columns, at most 2048: the 1.1B file's attention and gate/up matrices): the first half asks for its own rows
+// from memory, the second finds them in L2. Kept whole, that tile read all its activations from L2 at every step and
+// moved 17–22 GB/s, where 4 tokens of the same rows moved 40–47. (Our reading of the cause: an activation fetched
+// from L2 holds one of the L1's few miss buffers, which the requests for the rows need too.) The 1.1B bf16 file's
+// matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
+// steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
+// 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
+// AVX2's full tile goes three rows at a time as well, its 8 tokens in two passes of 4 (three_row_tile_avx2), each
+// sum's two halves in turn (rows_avx2_by_halves). Against 6-token tiles in three passes of 2 (AVX2 forced on the
+// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs), on the 110M and
+// 1.1B files, f32 and bf16: 8 tokens 1.03–1.24×, 16 tokens 0.99–1.14×, 128 tokens 1.04–1.16×. AVX2's tiles of 4 and 2
+// follow AVX-512's rule, 4 tokens in one pass instead of two passes of 2 (1.09–1.31×).
+template <CpuKernels path, DType dtype, int C>
+inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
+                       size_t row_begin, size_t row_end, Prefetch ahead) {
+    weights += row_begin * row_bytes;
+    out += row_begin;
+    const size_t rows = row_end - row_begin;
+#ifdef INFER_X86_KERNELS
+    // AVX-512 where the arithmetic is the limit (tile_tokens above says where). Otherwise the first tile over a block
+    // below a full one is bound by the weights' bytes: one row at a time (one stream), in AVX2, whose two halves per
+    // sum give one row twice the independent FMA chains an AVX-512 register would (same bits either way). On an AVX2
+    // CPU the same tiles go three rows at a time, in passes of four tokens or two (above).
+    if constexpr (path == CpuKernels::Avx512) {
+        if constexpr (C == tile_tokens && dtype != DType::F32)
+            if (ahead.own_rows && C * K * 4 > tile_activation_bytes && C / 2 * K * 4 <= tile_activation_bytes) {
+                // The first tile over a block, in halves whose activations fit in L1 (above).
+                tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
+                return tile_avx512<dtype, C / 2>(weights, row_bytes, rows, x + C / 2 * K, K, out + C / 2 * N, N,
+                                                 Prefetch{.rows_cached = true});
+            }
+        if (C == tile_tokens || ahead.rows_cached) return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if constexpr (C == 4 || C == 2)  // the first over its block: its rows from memory
+            if (dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
+                return tile_avx512<dtype, C>(weights, row_bytes, rows, x, K, out, N, Prefetch{.own_rows = true});
+    }
+    if constexpr (path == CpuKernels::Avx2) {
+        if constexpr (C == tile_tokens) return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N, ahead);
+        if constexpr (C == 4 || C == 2)  // as AVX-512's tiles of 4 and 2 above
+            if (ahead.rows_cached || dtype != DType::F32 || C * K * 4 > one_row_activation_bytes)
+                return three_row_tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N,
+                                                     Prefetch{.own_rows = !ahead.rows_cached});
+    }
+    // (A full tile never reaches here on a SIMD path: each returned above.)
+    if constexpr (path != CpuKernels::Portable && C != tile_tokens)
+        return tile_avx2<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+#endif
+    (void)ahead;
+    tile_portable<dtype, C>(weights, row_bytes, rows, x, K, out, N);
+}
+
+// The loop order of every matmul kernel (why: dot_rows below): the rows in blocks of about 256 KB, and over each
+// block the tokens in tiles of C, then of 4, 2 and 1 for the rest. tile(std::integral_constant<int, tokens>, first
+// token, block's first row, block's end, ahead) computes one tile against one block; `ahead` is what it asks for
+// (Prefetch above): the last full tiles an even share each of the next block, the first its own rows instead over the
+// first block and where it is alone; the smaller tiles nothing (and whether another tile went over the block before
+// them).
+template <int C, class Tile>
+inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, size_t token_bytes, int T,
+                                    size_t row_begin, size_t row_end, Tile tile) {
+    // About 256 KB, rounded to whole groups of three rows, the full tile's: a block of 11 rows of 5632 f32 columns left
+    // two rows to the one-row kernel, whose eight sums load an activation per multiply-add (the 1.1B f32 file's down
+    // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
+    const size_t fit = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
+    const size_t rows_per_block = fit >= tile_rows ? (fit + tile_rows / 2) / tile_rows * tile_rows : fit;
+    const int full_tiles = T / C;
+    const int late_tiles = std::max(fewest_sharing_tiles, static_cast<int>(next_block_activation_bytes / (C * token_bytes)));
+    for (size_t block = row_begin; block < row_end; block += rows_per_block) {
+        const size_t block_end = std::min(row_end, block + rows_per_block);
+        const std::byte* next = weights + block_end * row_bytes;
+        const size_t next_bytes = (std::min(row_end, block_end + rows_per_block) - block_end) * row_bytes;
+        // The first full tile asks for its own rows over the first block (no block before asked for it) and where it
+        // is the only full tile; otherwise the full tiles find the block in L2, and the last of them (late_tiles,
+        // next_block_activation_bytes) take a share each of the next.
+        const int asking_own = block == row_begin || full_tiles < 2 ? 1 : 0;  // tiles that ask for their own rows
+        const int sharing_tiles = std::min(full_tiles - asking_own, late_tiles);
+        const int first_sharing = full_tiles - sharing_tiles;  // the full tiles between ask for nothing
+        // 2^pace the largest power of two up to sharing_tiles: a tile's share then takes half to all of its run.
+        const unsigned pace = sharing_tiles > 0 ? std::bit_width(static_cast<unsigned>(sharing_tiles)) - 1 : 0;
+        const auto ahead = [&](int full_tile) {
+            if (full_tile < asking_own) return Prefetch{true};
+            if (full_tile < first_sharing) return Prefetch{};
+            const int share = full_tile - first_sharing;
+            const size_t begin = next_bytes * share / sharing_tiles, end = next_bytes * (share + 1) / sharing_tiles;
+            return Prefetch{.begin = next + begin, .bytes = end - begin, .pace = pace};
+        };
+        int t = 0;
+        for (; t + C <= T; t += C) tile(std::integral_constant<int, C>{}, t, block, block_end, ahead(t / C));
+        for (; t + 4 <= T; t += 4) tile(std::integral_constant<int, 4>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
+        for (; t + 2 <= T; t += 2) tile(std::integral_constant<int, 2>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
+        if (t < T) tile(std::integral_constant<int, 1>{}, t, block, block_end, Prefetch{.rows_cached = t > 0});
+    }
+}
+
+// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ, one thread's share; w's rows are row_bytes apart.
+// The rows go in blocks of about 256 KB, which stay in L2 while every tile of C tokens passes over them; a tile's
+// activations (C × K floats, or a panel of their columns: tile_activation_bytes) stay in L1 while the block's rows
+// pass under it. So each weight byte comes from memory once per call, whatever T is (at decode, T = 1, the weights
+// simply stream), and each weight loaded into a register serves C tokens. Attention uses it too, with cached keys as
+// the rows.
+template <CpuKernels path, DType dtype>
+inline void dot_rows(const std::byte* weights, size_t row_bytes, size_t K, size_t N, const float* x, int T, float* out,
+                     size_t row_begin, size_t row_end) {
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
+        token_tile<path, dtype, tokens.value>(weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
+    };
+    for_each_block_and_tile<tile_tokens>(weights, row_bytes, K * 4, T, row_begin, row_end, tile);
+}
+
+template <DType dtype>
+inline void matmul_rows(CpuKernels path, const std::byte* weights, size_t K, size_t N, const float* x, int T, float* out,
+                        size_t row_begin, size_t row_end) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
+    switch (path) {
+        case CpuKernels::Avx512: return dot_rows<CpuKernels::Avx512, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
+        case CpuKernels::Avx2: return dot_rows<CpuKernels::Avx2, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
+        default: return dot_rows<CpuKernels::Portable, dtype>(weights, row_bytes, K, N, x, T, out, row_begin, row_end);
+    }
+}
+
+// The bf16 products' kernel (their definition: use_bf16_activations above).
+inline float flush_subnormal(float value) {
+    return std::fabs(value) < std::numeric_limits<float>::min() ? std::copysign(0.0f, value) : value;
+}
+inline uint16_t bf16_bits_at(const std::byte* row, size_t k) {
+    uint16_t half;
+    std::memcpy(&half, row + k * 2, 2);
+    return half;
+}
+// A bf16 value with a zero exponent (zero or subnormal) becomes a zero of its sign, as vdpbf16ps reads its inputs.
+inline uint16_t bf16_flush_subnormal(uint16_t half) { return (half & 0x7F80) == 0 ? half & 0x8000 : half; }
+inline float bf16_flushed(uint16_t half) { return bf16_to_f32(bf16_flush_subnormal(half)); }
+
+// x[T, K] rounded to bf16, subnormals to zero: the activations of the bf16 products, once per matmul call.
+inline void round_activations_to_bf16(const float* x, size_t count, uint16_t* out) {
+    for (size_t i = 0; i < count; ++i) out[i] = bf16_flush_subnormal(f32_to_bf16(x[i]));
+}
+
+// The last K % 32 columns of a bf16 product, in order, added to the folded sum.
+inline float finish_bf16_dot(const std::byte* row, const uint16_t* x, size_t K32, size_t K, float sum) {
+    for (size_t k = K32; k < K; ++k) sum = std::fma(weight_at<DType::BF16>(row, k), bf16_to_f32(x[k]), sum);
+    return sum;
+}
+
+// The definition above, one row at a time against C tokens (the portable kernel; appendix F has the AVX512_BF16 one).
+template <int C>
+inline void bf16_tile_portable(const std::byte* weights, size_t row_bytes, size_t rows, const uint16_t* x, size_t K,
+                               float* out, size_t N) {
+    const size_t K32 = K / 32 * 32;
+    for (size_t n = 0; n < rows; ++n) {
+        const std::byte* row = weights + n * row_bytes;
+        float lanes[C][16] = {};
+        for (size_t k = 0; k < K32; k += 32)
+            for (int lane = 0; lane < 16; ++lane) {
+                const size_t even = k + 2 * static_cast<size_t>(lane);
+                const float w_odd = bf16_flushed(bf16_bits_at(row, even + 1)), w_even = bf16_flushed(bf16_bits_at(row, even));
+                for (int c = 0; c < C; ++c) {
+                    const uint16_t* xc = x + c * K;
+                    float sum = flush_subnormal(std::fma(w_odd, bf16_to_f32(xc[even + 1]), lanes[c][lane]));
+                    lanes[c][lane] = flush_subnormal(std::fma(w_even, bf16_to_f32(xc[even]), sum));
+                }
+            }
+        for (int c = 0; c < C; ++c) out[c * N + n] = finish_bf16_dot(row, x + c * K, K32, K, fold_lanes(lanes[c]));
+    }
+}
+
+#ifdef INFER_X86_KERNELS
+inline bool cpu_runs_bf16_avx512();  // whether the CPU has AVX512_BF16 (appendix F)
+template <int C>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]] void bf16_tile_avx512(const std::byte* weights,
+                                                                                            size_t row_bytes, size_t rows,
+                                                                                            const uint16_t* x, size_t K,
+                                                                                            float* out, size_t N,
+                                                                                            Prefetch ahead);
+#else
+inline bool cpu_runs_bf16_avx512() { return false; }
+#endif
+
+template <int C>
+inline void bf16_token_tile(bool avx512, const std::byte* weights, size_t row_bytes, const uint16_t* x, size_t K,
+                            float* out, size_t N, size_t row_begin, size_t row_end, Prefetch ahead) {
+    weights += row_begin * row_bytes;
+    out += row_begin;
+#ifdef INFER_X86_KERNELS
+    if (avx512) return bf16_tile_avx512<C>(weights, row_bytes, row_end - row_begin, x, K, out, N, ahead);
+#endif
+    (void)avx512, (void)ahead;
+    bf16_tile_portable<C>(weights, row_bytes, row_end - row_begin, x, K, out, N);
+}
+
+// Rows [row_begin, row_end) of out[T, N] = x[T, K] · w[N, K]ᵀ with x already rounded: dot_rows's blocking and tiles
+// (8 tokens, then 4, 2, 1). The AVX-512 kernel where the path is AVX-512 and the CPU has AVX512_BF16; the portable
+// loop elsewhere (the same bits, slower).
+inline void matmul_rows_bf16(CpuKernels path, const std::byte* weights, size_t K, size_t N, const uint16_t* x, int T,
+                             float* out, size_t row_begin, size_t row_end) {
+    const bool avx512 = path == CpuKernels::Avx512 && cpu_runs_bf16_avx512();
+    const size_t row_bytes = K * 2;
+    const auto tile = [&](auto tokens, int t, size_t block, size_t block_end, Prefetch ahead) {
+        bf16_token_tile<tokens.value>(avx512, weights, row_bytes, x + t * K, K, out + t * N, N, block, block_end, ahead);
+    };
+    for_each_block_and_tile<8>(weights, row_bytes, K * 2, T, row_begin, row_end, tile);
+}
+
+// Asks the memory system for `bytes` bytes ahead of their use (a hint: no effect on any result).
+inline void prefetch_bytes(const std::byte* data, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(data + i);
+#else
+    (void)data, (void)bytes;
+#endif
+}
+
+#ifdef INFER_X86_KERNELS
+[[gnu::target("avx2,fma,f16c")]] inline float softmax_exp_rows_avx2(float* s, int count, float max);  // appendix F
+#endif
+
+// A chunk's weights for one query from its scores s[0, count) and their maximum; returns the weights' sum.
+template <CpuKernels path>
+inline float softmax_exp_rows(float* s, int count, float max) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path != CpuKernels::Portable) return softmax_exp_rows_avx2(s, count, max);
+#endif
+    float partial[8] = {};
+    return softmax_exp_rows_from(s, 0, count, max, partial);
+}
+
+// Attention's scores: out[c·N + j] = dot(cached row j, x + c·K) for the `count` rows at `rows` (K values each, in the
+// cache's type, side by side), the tile kernel's sums on every path.
+template <CpuKernels path>
+inline void dot_cached_rows(DType dtype, const std::byte* rows, size_t K, size_t N, const float* x, int T, float* out,
+                            size_t count) {
+    const size_t row_bytes = static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(K)));
+    switch (dtype) {
+        case DType::F16: return dot_rows<path, DType::F16>(rows, row_bytes, K, N, x, T, out, 0, count);
+        case DType::BF16: return dot_rows<path, DType::BF16>(rows, row_bytes, K, N, x, T, out, 0, count);
+        default: return dot_rows<path, DType::F32>(rows, row_bytes, K, N, x, T, out, 0, count);
+    }
+}
+
+#ifdef INFER_X86_KERNELS
+template <DType dtype>
+[[gnu::target("avx2,fma,f16c")]] inline void add_weighted_rows_avx2(float* acc, const std::byte* rows, const float* weights,
+                                                                     int count, size_t n);  // appendix F
+#endif
+
+#ifdef INFER_X86_KERNELS
+template <DType dtype>
+[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline void add_weighted_rows4_avx512(
+    float* acc, size_t acc_stride, const std::byte* rows, const float* weights, size_t weights_stride, int count,
+    size_t n);  // appendix F
+#endif
+
+// The same for `queries` query rows over the same values: query q's sums at acc + q·acc_stride, its weights at
+// weights + q·weights_stride. AVX-512 takes four at a time, so each value loaded serves four queries; elsewhere it is
+// one query after the other. Per element the sum is the same chain either way.
+template <CpuKernels path, DType dtype>
+inline void add_weighted_rows_with(int queries, float* acc, size_t acc_stride, const std::byte* rows, const float* weights,
+                                   size_t weights_stride, int count, size_t n) {
+#ifdef INFER_X86_KERNELS
+    if constexpr (path == CpuKernels::Avx512)
+        if (queries == 4) return add_weighted_rows4_avx512<dtype>(acc, acc_stride, rows, weights, weights_stride, count, n);
+#endif
+    for (int q = 0; q < queries; ++q) {
+#ifdef INFER_X86_KERNELS
+        if constexpr (path != CpuKernels::Portable) {
+            add_weighted_rows_avx2<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
+            continue;
+        }
+#endif
+        add_weighted_rows_portable<dtype>(acc + q * acc_stride, rows, weights + q * weights_stride, count, n);
+    }
+}
+
+template <CpuKernels path>
+inline void add_weighted_rows(DType dtype, int queries, float* acc, size_t acc_stride, const std::byte* rows,
+                              const float* weights, size_t weights_stride, int count, size_t n) {
+    switch (dtype) {
+        case DType::F16: return add_weighted_rows_with<path, DType::F16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
+        case DType::BF16: return add_weighted_rows_with<path, DType::BF16>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
+        default: return add_weighted_rows_with<path, DType::F32>(queries, acc, acc_stride, rows, weights, weights_stride, count, n);
+    }
+}
+
+// The same for a block-quantized w: each tile of rows is decoded to f32 once (appendix H), then multiplied by the float
+// kernel above, so the arithmetic, and batch invariance, are exactly those of the decoded weights stored as F32.
+inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const float* x, int T, float* out, size_t row_begin,
+                                    size_t row_end);
+
+// The block types with an integer kernel take the integer path instead, as llama.cpp does: the activations are
+// quantized once per call to 8-bit blocks with a scale each (QuantizedRows), every block product is an exact integer
+// dot of int8 values, and only the scales are applied in f32, block after block in a fixed order, so batch invariance
+// holds here too. Fewer bytes per weight and 64 multiply-adds per instruction: appendix H.
+//
+// Activations as 8-bit blocks, one row per token: llama.cpp's Q8_0 (blocks of 32, scale d = max|x|/127 stored as
+// f16) for Q8_0, Q4_0 and Q5_0 weights, with Q8_1's s = f16(d·Σq) beside it for Q4_1 and Q5_1 (their minimum
+// multiplies the block's sum), and its Q8_K (blocks of 256, d = −max/127 kept in f32, where max is the element of
+// largest magnitude with its sign, plus the sum of each 16 values) for the K-quants. Rounding is to nearest, ties to
+// even, as its x86 build does, so the blocks are bit-identical to llama.cpp's.
+struct QuantizedRows {
+    int block = 32;
+    std::vector<int8_t> q;       // [T, K]
+    std::vector<float> d;        // [T, K / block]
+    std::vector<float> s;        // [T, K / 32], blocks of 32 only: Q8_1's s, d·Σq with the unrounded d, as f16
+    std::vector<int16_t> sums;   // Q8_K: [T, K / 16], what the K-quants' minimums multiply; blocks of 32: [T, K / 32],
+                                 // Σq of each block, what Q8_0's and Q4_0's offsets in row groups multiply
+};
+
+// Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
+// path, matmul_rows_dequantized) until it gets an unpacking and a dot of its own here.
+inline bool has_integer_kernel(DType dtype) {
+    switch (dtype) {
+        case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
+        case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
+        default: return false;
+    }
+}
+inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
+inline void size_quantized_rows(int T, size_t K, int block, QuantizedRows& out);
+inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& out, size_t first_token, size_t end_token);
+inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
+inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const QuantizedRows& x, int T, float* out, size_t row_begin,
+                                size_t row_end);
+
+// Batches of at least this many tokens are compute-bound: their matmul rows and attention items go to the threads in
+// pieces that each claims as it finishes the last (ThreadPool::run_claimed), so a core slowed by other work on the
+// machine does less of them. Smaller batches stream the weights, best as one contiguous range per thread (pieces
+// measured up to a fifth slower at decode).
+constexpr int claimed_from = 32;
+
+// A parallel section of a forward pass over a batch of T tokens: `count` items in pieces of `piece` claimed by the
+// threads from claimed_from tokens on, one contiguous range per thread below.
+template <class Body>
+inline void run_for_batch(ThreadPool& pool, int T, size_t count, size_t piece, size_t work, Body&& body) {
+    if (T < claimed_from) pool.run_sized(count, work, body);
+    else pool.run_claimed(count, piece, work, body);
+}
+
+#ifdef INFER_X86_KERNELS
+[[gnu::target("avx2,fma,f16c")]] inline void swiglu_avx2(float* gate, const float* up, size_t count);  // appendix F
+#endif
+
+inline void swiglu(CpuKernels path, float* gate, const float* up, size_t count) {
+#ifdef INFER_X86_KERNELS
+    if (path != CpuKernels::Portable) return swiglu_avx2(gate, up, count);
+#endif
+    (void)path;
+    swiglu_portable(gate, up, count);
+}
+
+
+// ---- The matmul's activations and its dispatch by weight type -------------------------------------------------------
+// The activations of one matmul call in every form its products' kernels read: 8-bit blocks of 32 and of 256 for the
+// integer kernels, bf16 for the bf16 products. Converted once per call for every product, each thread converting a
+// share of the tokens.
+struct ActivationForms {
+    QuantizedRows by_32, by_256;
+    AlignedVector<uint16_t> bf16;  // on 64-byte lines: a load across two runs at half speed
+    bool bf16_products = false;
+};
+
+// The forms are the calling thread's: the workers reach them through the reference returned.
+inline const ActivationForms& activation_forms(ThreadPool& pool, const float* x, int T, std::initializer_list<Product> products) {
+    thread_local ActivationForms forms;
+    const size_t K = static_cast<size_t>(products.begin()->w.cols());
+    bool need_32 = false, need_256 = false;
+    for (const Product& p : products)
+        if (has_integer_kernel(p.w.dtype)) (activation_block(p.w.dtype) == 32 ? need_32 : need_256) = true;
+    forms.bf16_products = bf16_activations() && std::any_of(products.begin(), products.end(), [](const Product& p) {
+        return p.w.dtype == DType::BF16;
+    });
+    if (need_32) size_quantized_rows(T, K, 32, forms.by_32);
+    if (need_256) size_quantized_rows(T, K, 256, forms.by_256);
+    if (forms.bf16_products) forms.bf16.resize(static_cast<size_t>(T) * K);
+    ActivationForms& shared = forms;  // a lambda would name the worker's own thread_local
+    if (need_32 || need_256 || forms.bf16_products)
+        pool.run_sized(static_cast<size_t>(T), static_cast<size_t>(T) * K * 4, [&](size_t begin, size_t end, int) {
+            if (need_32) quantize_activation_rows(x, K, shared.by_32, begin, end);
+            if (need_256) quantize_activation_rows(x, K, shared.by_256, begin, end);
+            if (shared.bf16_products) round_activations_to_bf16(x + begin * K, (end - begin) * K, shared.bf16.data() + begin * K);
+        });
+    return forms;
+}
+
+// Rows [row_begin, row_end) of one product: the integer kernels for the block types that have one, the float tiles
+// for f32, bf16 and f16, and the decode-to-f32 path for any other block type.
+inline void product_rows(CpuKernels path, const Product& p, const float* x, const ActivationForms& forms, int T,
+                         size_t row_begin, size_t row_end) {
+    const size_t K = static_cast<size_t>(p.w.cols()), N = static_cast<size_t>(p.w.rows());
+    if (has_integer_kernel(p.w.dtype))
+        return matmul_rows_integer(path, p.w, activation_block(p.w.dtype) == 32 ? forms.by_32 : forms.by_256, T, p.out,
+                                   row_begin, row_end);
+    switch (p.w.dtype) {
+        case DType::F32: return matmul_rows<DType::F32>(path, p.w.data, K, N, x, T, p.out, row_begin, row_end);
+        case DType::BF16:
+            if (forms.bf16_products) return matmul_rows_bf16(path, p.w.data, K, N, forms.bf16.data(), T, p.out, row_begin, row_end);
+            return matmul_rows<DType::BF16>(path, p.w.data, K, N, x, T, p.out, row_begin, row_end);
+        case DType::F16: return matmul_rows<DType::F16>(path, p.w.data, K, N, x, T, p.out, row_begin, row_end);
+        default: return matmul_rows_dequantized(path, p.w, x, T, p.out, row_begin, row_end);
+    }
+}
+
+// About four pieces per thread, each a multiple of 48 rows (whole row groups of every kernel: 3, 4 and 16 rows).
+inline size_t matmul_piece(const ThreadPool& pool, size_t total_rows) {
+    const size_t threads = static_cast<size_t>(pool.size());
+    return std::max<size_t>(48, (total_rows + 4 * threads * 48 - 1) / (4 * threads * 48) * 48);
+}
+}  // namespace detail
+
+// ---- Attention over the paged cache, chunk by chunk -----------------------------------------------------------------
+// The chunked attention of section 04's ForwardPass: the items a batch's attention splits into, one item's scores,
+// softmax weights and weighted values on a path's kernels, and the merge of a token's chunks.
+// An item scores its whole chunk first, by the matmul's tile kernel with the cached keys as rows and the tile's query
+// heads as its tokens (each key loaded serves all of them), then per query row takes the weights and the weighted sum
+// of values (on AVX-512 four query rows at a time, so each value loaded serves four). Two passes over a chunk, keys
+// then values, make each a run of 512 × Dh values that the hardware prefetchers stream from memory as they do the
+// weights; where a sequence's blocks are not adjacent in the pool, the next block is requested ahead.
+
+// The query tiles and items of a batch. A tile grows while the next token continues its sequence
+// and sees the same chunks, so every query of an item sees some positions of each of the tile's chunks.
+inline size_t ForwardPass::plan_attention(const Batch& batch) {
+    const ModelConfig& c = model_.config;
+    const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
+    query_tiles_.clear();
+    attention_items_.clear();
+    merge_ranges_.clear();
+    size_t partial_floats = 0, work = 0;
+    for (size_t t = 0; t < batch.size();) {
+        const int first_chunk = first_visible(batch.positions[t]) / attention_chunk;
+        const int last_chunk = batch.positions[t] / attention_chunk;
+        size_t end = t + 1;
+        while (end < batch.size() && end - t < static_cast<size_t>(attention_queries) &&
+               batch.sequences[end] == batch.sequences[t] && batch.positions[end] == batch.positions[end - 1] + 1 &&
+               batch.positions[end] / attention_chunk == last_chunk &&
+               first_visible(batch.positions[end]) / attention_chunk == first_chunk)
+            ++end;
+        const int tile = static_cast<int>(query_tiles_.size()), tokens = static_cast<int>(end - t);
+        query_tiles_.push_back({static_cast<int>(t), tokens});
+        const int seen_from = first_visible(batch.positions[t]), seen_to = batch.positions[end - 1] + 1;
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+            merge_ranges_.push_back(attention_items_.size());
+            for (int chunk = first_chunk; chunk <= last_chunk; ++chunk) {
+                const int from = std::max(seen_from, chunk * attention_chunk), to = std::min(seen_to, (chunk + 1) * attention_chunk);
+                attention_items_.push_back({tile, h, from, to, partial_floats, first_chunk == last_chunk});
+                partial_floats += static_cast<size_t>(tokens) * group * (Dh + 2);
+            }
+        }
+        for (size_t u = t; u < end; ++u)
+            work += static_cast<size_t>(batch.positions[u] + 1 - first_visible(batch.positions[u])) * c.n_heads * Dh * 2;
+        t = end;
+    }
+    merge_ranges_.push_back(attention_items_.size());
+    if (partial_.size() < partial_floats) partial_.resize(partial_floats);
+    const size_t rows = static_cast<size_t>(attention_queries) * group, threads = static_cast<size_t>(pool_.size());
+    if (scores_.size() < threads * rows * attention_chunk) scores_.resize(threads * rows * attention_chunk);
+    if (queries_.size() < threads * rows * Dh) queries_.resize(threads * rows * Dh);
+    return work;
+}
+
+inline void ForwardPass::attend(CpuKernels path, const Batch& batch, const KVStorage& cache, const BlockTableOf& table_of,
+                                int layer, size_t index, int thread) {
+    switch (path) {
+        case CpuKernels::Avx512: return attend_with<CpuKernels::Avx512>(batch, cache, table_of, layer, attention_items_[index], thread);
+        case CpuKernels::Avx2: return attend_with<CpuKernels::Avx2>(batch, cache, table_of, layer, attention_items_[index], thread);
+        default: return attend_with<CpuKernels::Portable>(batch, cache, table_of, layer, attention_items_[index], thread);
+    }
+}
+
+template <CpuKernels path>
+inline void ForwardPass::attend_with(const Batch& batch, const KVStorage& cache, const BlockTableOf& table_of,
+                                     int layer, const AttentionItem& item, int thread) {
+    const ModelConfig& c = model_.config;
+    const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
+    const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
+    const QueryTile& tile = query_tiles_[item.tile];
+    const size_t rows = static_cast<size_t>(tile.tokens) * group;  // query row r: token r / group, head r % group
+    const std::vector<int>& table = table_of(batch.sequences[tile.first_token]);
+    const int B = cache.block_size();
+    // The tile's query heads side by side, [rows, Dh], as the tile kernel takes its tokens, times 1/sqrt(Dh): the
+    // scores come out scaled.
+    const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+    float* queries = &queries_[static_cast<size_t>(thread) * attention_queries * group * Dh];
+    for (int j = 0; j < tile.tokens; ++j) {
+        const float* q = &q_[(tile.first_token + j) * q_width + item.kv_head * group * Dh];
+        for (size_t i = 0; i < group * Dh; ++i) queries[j * group * Dh + i] = q[i] * scale;
+    }
+    float* scores = &scores_[static_cast<size_t>(thread) * attention_queries * group * attention_chunk];  // [rows, n]
+    float* partial = &partial_[item.partial];  // per row: max, sum, values [Dh]
+    const int n = item.end - item.first;
+
+    // The next block's run is asked for ahead when it does not follow this one in memory: the hardware prefetchers
+    // carry a run across adjacent blocks but not across a jump, and a sequence that grew a block at a time beside
+    // others has a jump at every block.
+    const size_t block_run_bytes = static_cast<size_t>(B) * dtype_bytes(cache.dtype(), static_cast<int64_t>(Dh));
+    auto jumps_before = [&table](int block_index) { return table[block_index] != table[block_index - 1] + 1; };
+
+    // The chunk's keys, one KV block's run of slots at a time.
+    for (int p = item.first; p < item.end;) {
+        const int slot = p % B, run = std::min(item.end - p, B - slot);
+        if (p + run < item.end && jumps_before(p / B + 1))
+            detail::prefetch_bytes(cache.key(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
+        detail::dot_cached_rows<path>(cache.dtype(), cache.key(layer, table[p / B], item.kv_head, slot), Dh,
+                                      static_cast<size_t>(n), queries, static_cast<int>(rows), scores + (p - item.first),
+                                      static_cast<size_t>(run));
+        p += run;
+    }
+    // The positions [from, to) of the chunk that query row r may see.
+    const auto visible = [&](size_t r) {
+        const int position = batch.positions[tile.first_token + static_cast<int>(r / group)];
+        return std::pair{std::max(item.first, first_visible(position)), std::min(item.end, position + 1)};
+    };
+    for (size_t r = 0; r < rows; ++r) {
+        const auto [from, to] = visible(r);
+        float* row_partial = &partial[r * (Dh + 2)];  // max, sum, values [Dh]
+        row_partial[0] = -std::numeric_limits<float>::infinity(), row_partial[1] = 0.0f;
+        float* values = row_partial + 2;
+        std::fill(values, values + Dh, 0.0f);
+        if (from >= to) continue;  // nothing this query may see in the chunk: a weight of zero in the merge
+        float* weights = scores + r * n;  // [j]: position item.first + j's score, then its weight
+        const int first = from - item.first, last = to - item.first;
+        const float chunk_max = detail::largest(weights + first, last - first);
+        row_partial[0] = chunk_max;
+        row_partial[1] = detail::softmax_exp_rows<path>(weights + first, last - first, chunk_max);
+    }
+    // The weighted values of query rows [first_row, first_row + queries) over positions [from, to), one KV block's
+    // run of slots at a time.
+    const auto add_values = [&](size_t first_row, int queries, int from, int to) {
+        for (int p = from; p < to;) {
+            const int slot = p % B, run = std::min(to - p, B - slot);
+            if (p + run < to && jumps_before(p / B + 1))
+                detail::prefetch_bytes(cache.value(layer, table[p / B + 1], item.kv_head, 0), block_run_bytes);
+            detail::add_weighted_rows<path>(cache.dtype(), queries, &partial[first_row * (Dh + 2) + 2], Dh + 2,
+                                            cache.value(layer, table[p / B], item.kv_head, slot),
+                                            scores + first_row * n + (p - item.first), static_cast<size_t>(n), run, Dh);
+            p += run;
+        }
+    };
+    // Four rows at a time over the positions all four see (causal rows of a prompt differ only in their last few),
+    // each row alone before and after those: every element's sum still runs in position order.
+    for (size_t r0 = 0; r0 < rows; r0 += 4) {
+        const int queries = static_cast<int>(std::min<size_t>(4, rows - r0));
+        int shared_from = item.first, shared_to = item.end;
+        for (int q = 0; q < queries; ++q) {
+            shared_from = std::max(shared_from, visible(r0 + q).first);
+            shared_to = std::min(shared_to, visible(r0 + q).second);
+        }
+        if (queries < 4 || shared_from >= shared_to) {
+            for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, visible(r0 + q).second);
+            continue;
+        }
+        for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, visible(r0 + q).first, shared_from);
+        add_values(r0, queries, shared_from, shared_to);
+        for (int q = 0; q < queries; ++q) add_values(r0 + q, 1, shared_to, visible(r0 + q).second);
+    }
+    if (item.whole)
+        for (size_t r = 0; r < rows; ++r) {
+            float* out = &attn_[(tile.first_token + r / group) * q_width + (item.kv_head * group + r % group) * Dh];
+            const float* values = &partial[r * (Dh + 2) + 2];
+            for (size_t d = 0; d < Dh; ++d) out[d] = values[d] / partial[r * (Dh + 2) + 1];
+        }
+}
+
+// The chunks of one query tile and KV head, in order, per query row: each chunk's values and sum weighed by
+// exp(its max − the max).
+inline void ForwardPass::merge_chunks(size_t tile_head) {
+    const size_t first = merge_ranges_[tile_head], end = merge_ranges_[tile_head + 1];
+    const AttentionItem& lead = attention_items_[first];
+    if (lead.whole) return;  // written by its only item
+    const ModelConfig& c = model_.config;
+    const size_t Dh = c.head_dim, group = static_cast<size_t>(c.n_heads / c.n_kv_heads);
+    const size_t q_width = static_cast<size_t>(c.n_heads) * Dh;
+    const QueryTile& tile = query_tiles_[lead.tile];
+    for (size_t r = 0; r < static_cast<size_t>(tile.tokens) * group; ++r) {
+        float best = -std::numeric_limits<float>::infinity(), total = 0.0f;
+        for (size_t item = first; item < end; ++item) best = std::max(best, partial_[attention_items_[item].partial + r * (Dh + 2)]);
+        float* out = &attn_[(tile.first_token + r / group) * q_width + (lead.kv_head * group + r % group) * Dh];
+        std::fill(out, out + Dh, 0.0f);
+        for (size_t item = first; item < end; ++item) {
+            const float* partial = &partial_[attention_items_[item].partial + r * (Dh + 2)];
+            const float weight = std::exp(partial[0] - best);
+            total += partial[1] * weight;
+            for (size_t d = 0; d < Dh; ++d) out[d] += partial[2 + d] * weight;
+        }
+        for (size_t d = 0; d < Dh; ++d) out[d] /= total;
+    }
+}
+
+// ---- The SIMD twins -------------------------------------------------------------------------------------------------
 namespace detail {
 
 #ifdef INFER_X86_KERNELS
@@ -9341,7 +9225,7 @@ inline void matmul_rows_dequantized(CpuKernels path, const Tensor& w, const floa
     }
 }
 
-// ---- Integer kernels: quantized activations times quantized weights ----------------------------------------------
+// ---- Integer kernels: quantized activations times quantized weights -------------------------------------------------
 
 // Sizes `out` for T tokens of K columns in blocks of `block`; quantize_activation_rows then fills any range of tokens
 // (a thread's share), and quantize_activations all of them.
@@ -9388,7 +9272,7 @@ inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& ou
     }
 }
 
-// ---- The integer dot: its definition, which every path computes to the bit -----------------------------------------
+// ---- The integer dot: its definition, which every path computes to the bit ------------------------------------------
 // A weight block is read 32 weights at a time (a chunk: one per Q8_0/Q4_*/Q5_* block, eight per K-quant block) as
 // int8 values in the activations' order, each half of 16 with an integer scale (1 outside the K-quants). Per block,
 // eight integer lanes, lane i holding columns 4i…4i+3 of every chunk times their half's scale:
@@ -11001,6 +10885,20 @@ inline void save_random_model_gguf(const std::filesystem::path& path, const Mode
 // are refused by name: no finite automaton can decide them.
 
 namespace detail {
+// A Thompson NFA over bytes: each state consumes one byte in [lo, hi] and moves to `next`, or moves to both `next`
+// and `other` without consuming anything, or accepts. The parser below builds one from a regular expression.
+struct NfaState {
+    enum class Kind : uint8_t { Byte, Split, Match } kind = Kind::Match;
+    uint8_t lo = 0, hi = 0;
+    int next = -1, other = -1;
+};
+struct Nfa {
+    std::vector<NfaState> states;
+    int start = 0;
+};
+}  // namespace detail
+
+namespace detail {
 
 // A parsed expression. A character class becomes an Alternate of UTF-8 byte sequences (each a Bytes node: one byte
 // range per position), so the automaton reads bytes and still matches whole characters.
@@ -11714,5 +11612,282 @@ inline std::string regex_for_json_schema(const Json& schema, const std::string& 
     return regex;
 }
 
+// ---- Structured outputs: the grammar --------------------------------------------------------------------------------
+// Section 04's token mask: a grammar is a regular expression over bytes compiled (above) into an NFA, whose states
+// this lazy DFA builds as outputs reach them; each state's mask is a walk of the vocabulary's trie.
+
+
+// Every token's bytes in a trie, shared by the grammars of one tokenizer. Special tokens (BOS, <|im_start|>) spell no
+// text and are left out; the end ids are allowed exactly where the output may end.
+class TokenTrie {
+public:
+    explicit TokenTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_size()), end_ids_(tokenizer.eos_ids()) {
+        std::vector<std::pair<std::string, int>> spelled;
+        std::vector<std::optional<std::string>> bytes = tokenizer.all_token_bytes();
+        for (int id = 0; id < vocab_size_; ++id)
+            if (bytes[static_cast<size_t>(id)] && !bytes[static_cast<size_t>(id)]->empty() &&
+                std::find(end_ids_.begin(), end_ids_.end(), id) == end_ids_.end())
+                spelled.emplace_back(std::move(*bytes[static_cast<size_t>(id)]), id);
+        std::sort(spelled.begin(), spelled.end());
+        // Sorted byte strings share their prefixes with their predecessor: `path` holds the nodes of the previous one.
+        nodes_.push_back({});  // the root: the empty prefix
+        std::vector<int> path = {0};
+        std::string previous;
+        for (const auto& [text, id] : spelled) {
+            size_t common = 0;
+            while (common < text.size() && common < previous.size() && text[common] == previous[common]) ++common;
+            path.resize(common + 1);
+            for (size_t i = common; i < text.size(); ++i) {
+                const int parent = path.back(), node = static_cast<int>(nodes_.size());
+                nodes_.push_back({.byte = static_cast<uint8_t>(text[i])});
+                if (nodes_[static_cast<size_t>(parent)].last_child >= 0)
+                    nodes_[static_cast<size_t>(nodes_[static_cast<size_t>(parent)].last_child)].next_sibling = node;
+                else nodes_[static_cast<size_t>(parent)].first_child = node;
+                nodes_[static_cast<size_t>(parent)].last_child = node;
+                path.push_back(node);
+            }
+            Node& end = nodes_[static_cast<size_t>(path.back())];
+            if (end.ids_begin < 0) end.ids_begin = static_cast<int>(ids_.size());
+            ids_.push_back(id);
+            end.ids_end = static_cast<int>(ids_.size());
+            bytes_of_[id] = text;
+            previous = text;
+        }
+    }
+
+    int vocab_size() const { return vocab_size_; }
+    const std::vector<int>& end_ids() const { return end_ids_; }
+    // The token's bytes, or nullptr for one that spells no text (a special token, an end id).
+    const std::string* bytes(int id) const {
+        auto found = bytes_of_.find(id);
+        return found == bytes_of_.end() ? nullptr : &found->second;
+    }
+    size_t node_count() const { return nodes_.size(); }
+
+private:
+    friend class Grammar;
+    struct Node {
+        int first_child = -1, last_child = -1, next_sibling = -1;
+        uint8_t byte = 0;
+        int ids_begin = -1, ids_end = -1;  // ids_[begin, end): the tokens whose bytes end here
+    };
+    int vocab_size_ = 0;
+    std::vector<int> end_ids_;
+    std::vector<Node> nodes_;
+    std::vector<int> ids_;
+    std::unordered_map<int, std::string> bytes_of_;
+};
+
+// One compiled language over one vocabulary, shared (read-only from outside, thread-safe) by every request that asks
+// for it. States are numbered as they are built; 0 is the start.
+class Grammar {
+public:
+    // `regex` must match the whole output. `description` names the grammar in messages ("response_format json_schema").
+    Grammar(std::string_view regex, std::shared_ptr<const TokenTrie> trie, std::string description);
+    ~Grammar();
+
+    static constexpr int max_states = 20000;  // each holds 256 transitions and its mask: bounds memory per grammar
+    static constexpr uint64_t max_work = 200'000'000;  // NFA states visited in all: about a second, bounds the time
+    static constexpr int start = 0;
+    const std::string& description() const { return description_; }
+    const TokenTrie& trie() const { return *trie_; }
+    const std::vector<int>& end_ids() const;  // the tokens that end an output where it may end
+    int state_count() const;
+
+    bool accepts(int state) const;       // the output so far is a whole sentence of the language
+    bool can_continue(int state) const;  // some byte may still follow
+
+    // The tokens allowed after `state`, one bit per id ([V / 64] words), the end ids included where the output may end.
+    // Computed on first use, then kept: the reference stays valid for the grammar's life.
+    const std::vector<uint64_t>& mask(int state) const;
+
+    // The state after `token`'s bytes, or -1 if the token leaves the language.
+    int advance(int state, int token) const;
+
+private:
+    struct State;
+    std::vector<int> closure(std::vector<int>& from) const;
+    int state_for(std::vector<int> nfa) const;
+    int step(int state, uint8_t byte) const;
+    const std::vector<uint64_t>& mask_locked(int state) const;
+
+    detail::Nfa nfa_;
+    std::shared_ptr<const TokenTrie> trie_;
+    std::string description_;
+    mutable std::mutex mutex_;
+    mutable std::vector<std::unique_ptr<State>> states_;
+    mutable std::map<std::vector<int>, int> index_;
+    mutable uint64_t work_ = 0;
+    mutable std::vector<uint32_t> seen_;  // [NFA states] closure's marks: == stamp_ when visited in the current call
+    mutable uint32_t stamp_ = 0;
+};
+
+
+namespace detail {
+inline void mask_logits(const Grammar& grammar, int state, bool ignore_eos, std::span<float> logits) {
+    const std::vector<uint64_t>& allowed = grammar.mask(state);
+    const float none = -std::numeric_limits<float>::infinity();
+    for (size_t id = 0; id < logits.size(); ++id)
+        if (!(id / 64 < allowed.size() && (allowed[id / 64] >> (id % 64) & 1))) logits[id] = none;
+    if (ignore_eos)  // the output may end, but the request asked not to: only the grammar's own end stops it
+        for (int id : grammar.end_ids())
+            if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] = none;
+    if (std::none_of(logits.begin(), logits.end(), [&](float l) { return l != none; }))
+        fail(grammar.description(), ": no token can continue the output from here");
+}
+
+inline int advance_grammar(const Grammar& grammar, int state, int token) {
+    const int next = grammar.advance(state, token);
+    if (next < 0) fail(grammar.description(), ": token ", token, " leaves the language the output must stay in");
+    return next;
+}
+
+inline bool grammar_finished(const Grammar& grammar, int state) {
+    return grammar.accepts(state) && !grammar.can_continue(state);
+}
+}  // namespace detail
+
+// ---- The grammar's automaton ----------------------------------------------------------------------------------------
+// Section 04's Grammar: a lazy DFA over the NFA, each state's token mask found by walking the vocabulary's trie.
+
+
+inline Grammar::Grammar(std::string_view regex, std::shared_ptr<const TokenTrie> trie, std::string description)
+    : nfa_(detail::compile_regex(regex)), trie_(std::move(trie)), description_(std::move(description)) {
+        std::vector<int> start = {nfa_.start};
+        state_for(closure(start));
+        std::lock_guard lock(mutex_);
+        if (mask_locked(0).empty()) fail(description_, ": no token of the vocabulary can start an output it allows");
+    }
+
+struct Grammar::State {
+    std::vector<int> nfa;  // the Byte and Match states the automaton can be in, sorted
+    bool accepting = false, consumes = false;
+    std::array<int, 256> next;  // -2: not built yet; -1: dead (no NFA state left)
+    std::vector<uint64_t> mask;
+    bool masked = false;
+};
+
+inline Grammar::~Grammar() = default;
+inline const std::vector<int>& Grammar::end_ids() const { return trie_->end_ids(); }
+inline int Grammar::state_count() const {
+    std::lock_guard lock(mutex_);
+    return static_cast<int>(states_.size());
+}
+inline bool Grammar::accepts(int state) const {
+    std::lock_guard lock(mutex_);
+    return states_[static_cast<size_t>(state)]->accepting;
+}
+inline bool Grammar::can_continue(int state) const {
+    std::lock_guard lock(mutex_);
+    return states_[static_cast<size_t>(state)]->consumes;
+}
+inline const std::vector<uint64_t>& Grammar::mask(int state) const {
+    std::lock_guard lock(mutex_);
+    return mask_locked(state);
+}
+inline int Grammar::advance(int state, int token) const {
+    const std::string* bytes = trie_->bytes(token);
+    if (!bytes) return -1;
+    std::lock_guard lock(mutex_);
+    for (char c : *bytes) {
+        state = step(state, static_cast<uint8_t>(c));
+        if (state < 0) return -1;
+    }
+    return state;
+}
+
+// The NFA states reachable from `from` without consuming a byte, keeping those that consume or accept.
+inline std::vector<int> Grammar::closure(std::vector<int>& from) const {
+    std::vector<int> kept;
+    // `seen` is kept between calls and cleared by a new stamp, not refilled: a closure touches a few states of an
+    // NFA that may have millions.
+    if (seen_.size() != nfa_.states.size()) seen_.assign(nfa_.states.size(), 0);
+    if (++stamp_ == 0) {
+        std::fill(seen_.begin(), seen_.end(), 0);
+        stamp_ = 1;
+    }
+    while (!from.empty()) {
+        const int i = from.back();
+        from.pop_back();
+        if (seen_[static_cast<size_t>(i)] == stamp_) continue;
+        seen_[static_cast<size_t>(i)] = stamp_;
+        if (++work_ > max_work)
+            fail(description_, ": following this grammar takes more than ", max_work, " automaton steps; simplify it");
+        const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
+        if (s.kind == detail::NfaState::Kind::Split) {
+            from.push_back(s.other);
+            from.push_back(s.next);
+        } else {
+            kept.push_back(i);
+        }
+    }
+    std::sort(kept.begin(), kept.end());
+    return kept;
+}
+
+inline int Grammar::state_for(std::vector<int> nfa) const {
+    auto found = index_.find(nfa);
+    if (found != index_.end()) return found->second;
+    if (states_.size() >= static_cast<size_t>(max_states))
+        fail(description_, ": the grammar needs more than ", max_states, " automaton states; simplify it");
+    auto state = std::make_unique<State>();
+    for (int i : nfa) {
+        const auto kind = nfa_.states[static_cast<size_t>(i)].kind;
+        state->accepting = state->accepting || kind == detail::NfaState::Kind::Match;
+        state->consumes = state->consumes || kind == detail::NfaState::Kind::Byte;
+    }
+    state->next.fill(-2);
+    state->nfa = nfa;
+    const int id = static_cast<int>(states_.size());
+    states_.push_back(std::move(state));
+    index_.emplace(std::move(nfa), id);
+    return id;
+}
+
+// One byte from `state`: the lazy DFA's transition, built on first use. An empty set of NFA states is dead: every
+// state of an NFA built from a simplified expression lies on a path to acceptance, so a non-empty set is alive.
+inline int Grammar::step(int state, uint8_t byte) const {
+    int& next = states_[static_cast<size_t>(state)]->next[byte];
+    if (next != -2) return next;
+    std::vector<int> targets;
+    for (int i : states_[static_cast<size_t>(state)]->nfa) {
+        const detail::NfaState& s = nfa_.states[static_cast<size_t>(i)];
+        if (s.kind == detail::NfaState::Kind::Byte && s.lo <= byte && byte <= s.hi) targets.push_back(s.next);
+    }
+    next = targets.empty() ? -1 : state_for(closure(targets));  // States live on the heap: `next` stays valid
+    return next;
+}
+
+// The mask: a depth-first walk of the trie alongside the automaton. A token is allowed when the walk reaches its
+// node alive; a dead byte cuts off every token below it.
+inline const std::vector<uint64_t>& Grammar::mask_locked(int state) const {
+    State& s = *states_[static_cast<size_t>(state)];
+    if (s.masked) return s.mask;
+    std::vector<uint64_t> mask((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
+    bool any = false;
+    auto allow = [&](int id) {
+        mask[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+        any = true;
+    };
+    if (s.accepting)
+        for (int id : trie_->end_ids())
+            if (id >= 0 && id < trie_->vocab_size()) allow(id);
+    std::vector<std::pair<int, int>> stack = {{0, state}};  // (trie node, automaton state)
+    while (!stack.empty()) {
+        auto [node, at] = stack.back();
+        stack.pop_back();
+        for (int child = trie_->nodes_[static_cast<size_t>(node)].first_child; child >= 0;
+             child = trie_->nodes_[static_cast<size_t>(child)].next_sibling) {
+            const TokenTrie::Node& c = trie_->nodes_[static_cast<size_t>(child)];
+            const int after = step(at, c.byte);
+            if (after < 0) continue;
+            for (int k = c.ids_begin; k >= 0 && k < c.ids_end; ++k) allow(trie_->ids_[static_cast<size_t>(k)]);
+            if (c.first_child >= 0) stack.emplace_back(child, after);
+        }
+    }
+    s.mask = any ? std::move(mask) : std::vector<uint64_t>();
+    s.masked = true;
+    return s.mask;
+}
 
 }  // namespace infer

@@ -137,7 +137,7 @@ TEST_CASE("a reader reaches Tokenizer::encode in the first quarter of the header
     std::vector<std::string> lines = header_lines();
     const double total = static_cast<double>(lines.size());
     const size_t encode = first_line_with(lines, "std::vector<int> encode(std::string_view text, bool add_special_tokens");
-    const size_t forward = first_line_with(lines, "std::span<const float> forward(const Batch& batch, KVCache& cache) {");
+    const size_t forward = first_line_with(lines, "std::span<const float> forward(const Batch& batch, KVStorage& cache, const BlockTableOf& table_of) {");
     CHECK(encode / total < 0.25);
     CHECK(forward / total < 1.0 / 3.0);
 }

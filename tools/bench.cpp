@@ -553,7 +553,7 @@ int run_serve_bench(const CommandLine&) {
 
 }  // namespace
 
-// The entry point infer.cpp dispatches `infer bench ...` to (argv[1] is "bench").
+// The entry point main.cpp dispatches `infer bench ...` to (argv[1] is "bench").
 int run_bench(int argc, char** argv) {
     const std::string what = argc > 2 ? argv[2] : "";
     if (what == "serve")

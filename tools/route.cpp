@@ -365,7 +365,7 @@ private:
 }  // namespace
 }  // namespace serve
 
-// Called by infer.cpp's main for `infer route ...`. --upstream repeats, so it is taken out before the option parser.
+// Called by main.cpp's main for `infer route ...`. --upstream repeats, so it is taken out before the option parser.
 int run_route(int argc, char** argv) {
     std::vector<std::string> upstreams;
     std::vector<char*> rest(argv, argv + 2);

@@ -709,7 +709,7 @@ private:
 }  // namespace
 }  // namespace serve
 
-// Called by infer.cpp's main for `infer serve ...`.
+// Called by main.cpp's main for `infer serve ...`.
 int run_serve(int argc, char** argv) {
     CommandLine options(argc, argv, 2,
                         {"-m", "--host", "--port", "--instances", "--route", "--max-queue", "--max-queue-tokens", "--api-key",

@@ -1,32 +1,6 @@
-// infer — the command-line program around infer.hpp.
-//
-//   infer generate [-m PATH] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
-//                  [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--ignore-eos]
-//                  [-t THREADS] [--tokenizer FILE] [--prompt-ids 1,2,3] [--ids]
-//                  [--spec ngram|draft [--draft-model PATH] [--spec-k K] [--spec-ngram N]]
-//   infer logits -m PATH --tokens 1,2,3 --out FILE [-t THREADS]
-//   infer tokenize -m PATH [--special]          JSON lines {"text": ...} on stdin → {"ids": [...]}
-//   infer detokenize -m PATH                    JSON lines {"ids": [...]} on stdin → {"text": ...}
-//   infer render-chat -m PATH [--chat-template FILE_OR_NAME]
-//                                               JSON lines {"messages": [...], "add_generation_prompt": true}
-//                                               → {"text": ..., "ids": [...]} or {"error": ...}
-//   infer chat -m PATH [--chat-template FILE_OR_NAME] [sampling options as generate]
-//   infer run-batch -m PATH -i IN.jsonl -o OUT.jsonl [--policy continuous|static] [--max-batch-tokens N]
-//                   [--max-seqs N] [--kv-memory BYTES | --kv-blocks N] [--block-size B] [--no-prefix-cache]
-//                   [--trace FILE] [--chat-template FILE_OR_NAME] [-t THREADS] [--spec ... as generate]
-//                                               OpenAI Batch lines (/v1/completions, /v1/chat/completions) through
-//                                               the engine (continuous batching) → OpenAI Batch output lines
-//   infer serve [-m PATH] [--port 8080] [--instances N] [--route POLICY] ...   OpenAI-compatible HTTP (serve.cpp)
-//   infer route --port P --upstream URL [--upstream URL ...] [--policy POLICY]  the router as a proxy (route.cpp)
-//   infer bench serve|engine|roofline ...       benchmarks (bench.cpp): load generator, engine, roofline
-//   infer make-model -o DIR|FILE.gguf [--dim D --layers L --heads H --kv-heads K --ffn F --vocab V --context C]
-//                    [--dtype f32|bf16|f16] [--seed S] [--tied]
-//   infer quantize -m MODEL -o OUT.gguf --type Q8_0|Q4_0|Q4_K_M|...  [--pure] [-t THREADS]
-//                                               a Hugging Face folder or a float GGUF written as a quantized GGUF (appendix I)
-//   infer pull ORG/NAME[:QUANT|/FILE]           from the Hugging Face hub into its cache (hub.cpp); -m hf:... and
-//                                               -hf/-hff pull the same way for every command that takes a model
-//
-// Without -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
+// infer — the command-line program around infer.hpp: generate, chat, run-batch, serve, route, bench, quantize, pull and
+// the tokenizer and model tools. Its commands and options are usage_text below, which `infer --help` prints. Without
+// -m, generate runs a built-in demo model with random weights, so the first command works anywhere.
 #include "infer.hpp"
 #include "chat_template.hpp"
 #include "command_line.hpp"
@@ -174,62 +148,87 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
     return params;
 }
 
-// generate --device cuda, --spec or a 16-bit --cache-type: the same request through an Engine, whose forward pass runs
-// on the chosen device, which verifies drafted tokens and whose KV pool has the asked type (generate_from_ids holds a
-// CPU ForwardPass with an f32 cache and decodes one token per step). Times: prefill is the first step, decode the rest.
-// `result_out` receives the engine's record (its speculative counts).
-infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
-                                             const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
-                                             infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out,
-                                             bool warmup) {
+// One request through `engine` to its end (generate and chat), its text streamed to on_text as the steps complete it.
+// A command-line run stops where the context ends rather than refusing -n past it (generate says so). Times: prefill
+// is the first step, decode the rest; sample and detokenize are the steps' own shares of them.
+infer::RequestResult run_request(infer::Engine& engine, const std::vector<int>& prompt_ids, infer::SamplingParams params,
+                                 const std::function<void(std::string_view)>& on_text, infer::LayerTimes& times) {
+    const int64_t room = int64_t{engine.model().config.context_length} - static_cast<int64_t>(prompt_ids.size());
+    if (room > 0 && params.max_tokens > room) params.max_tokens = static_cast<int>(room);
+    const int id = engine.add_request(prompt_ids, params);
+    infer::Stopwatch clock;
+    bool first = true;
+    while (engine.has_work()) {
+        const int64_t steps = engine.totals().steps;
+        for (const infer::Event& event : engine.step()) {
+            if (event.error.size()) infer::fail(event.error);
+            if (on_text) on_text(event.text);
+        }
+        (first ? times.prefill : times.decode) += clock.seconds();
+        if (engine.totals().steps > steps) {
+            times.sample += engine.steps().back().sample;
+            times.detokenize += engine.steps().back().detokenize;
+        }
+        clock.restart();
+        first = false;
+    }
+    std::optional<infer::RequestResult> done = engine.take_result(id);
+    if (!done) infer::fail("the request did not finish");
+    return std::move(*done);
+}
+
+// The engine of generate and chat: one sequence at a time, a pool for one whole context, the KV cache's type, the
+// device and speculative decoding as the options ask.
+infer::EngineConfig command_line_engine(const infer::Model& model, const CommandLine& options, infer::Device device,
+                                        const infer::SpecConfig& spec) {
     infer::EngineConfig config;
     config.device = device;
     config.spec = spec;
     config.kv_dtype = cache_type(options);
     config.scheduler.max_seqs = 1;
     config.num_blocks = (model.config.context_length + config.block_size - 1) / config.block_size;
-    // A warm-up computes the same prompt once, untimed, in this engine, so the timed prefill finds the engine's buffers,
-    // KV blocks and pages already touched (as llama-bench's warm-up leaves its context). Prefix caching is off then:
-    // it would hand the timed request the warm-up's blocks, and its prefill would compute nothing.
+    return config;
+}
+
+// generate: the request through an Engine, the engine infer serve and run-batch run. `result_out` receives the engine's
+// record (its speculative counts). With `warmup`, the same prompt runs once untimed in this engine first, so the
+// timed prefill finds its buffers, KV blocks and pages already touched (as llama-bench's warm-up leaves its context);
+// prefix caching is off then, since it would hand the timed request the warm-up's blocks.
+infer::GenerationResult generate_with_engine(const infer::Model& model, infer::ThreadPool& pool, const CommandLine& options,
+                                             const infer::SamplingParams& params, const std::function<void(std::string_view)>& stream,
+                                             infer::Device device, const infer::SpecConfig& spec, infer::RequestResult& result_out,
+                                             bool warmup) {
+    infer::EngineConfig config = command_line_engine(model, options, device, spec);
     if (warmup) config.prefix_caching = false;
     infer::Engine engine(model, pool, config);
     const bool given_ids = options.has("--prompt-ids");
-    const std::vector<int> prompt_ids = given_ids ? parse_ids("--prompt-ids", options.text("--prompt-ids")) : std::vector<int>{};
     const std::string prompt = given_ids ? std::string{} : prompt_text(options);
-    auto add_request = [&](const infer::SamplingParams& request_params) {
-        return given_ids ? engine.add_request(prompt_ids, request_params) : engine.add_request(prompt, request_params);
-    };
+    infer::GenerationResult result;
+    infer::Stopwatch tokenize_clock;
+    if (given_ids) result.prompt_ids = parse_ids("--prompt-ids", options.text("--prompt-ids"));
+    else if (engine.tokenizer()) result.prompt_ids = engine.tokenizer()->encode(prompt);
+    else infer::fail(model.source, ": the model has no tokenizer to encode a text prompt; give --prompt-ids");
+    result.times.tokenize = given_ids ? 0.0 : tokenize_clock.seconds();
     if (warmup) {
         infer::SamplingParams one = params;
         one.max_tokens = 1;
-        const int warmup_id = add_request(one);
-        while (engine.has_work())
-            for (const infer::Event& event : engine.step())
-                if (event.error.size()) infer::fail(event.error);
-        engine.take_result(warmup_id);
+        infer::LayerTimes untimed;
+        run_request(engine, result.prompt_ids, one, {}, untimed);
     }
-    const int id = add_request(params);
-    if (!given_ids && !options.has("--ids")) std::cout << prompt << std::flush;
-    infer::GenerationResult result;
-    infer::Stopwatch clock;
-    bool first = true;
-    while (engine.has_work()) {
-        for (const infer::Event& event : engine.step()) {
-            if (event.error.size()) infer::fail(event.error);
-            stream(event.text);
-        }
-        (first ? result.times.prefill : result.times.decode) += clock.seconds();
-        clock.restart();
-        first = false;
-    }
-    std::optional<infer::RequestResult> done = engine.take_result(id);
-    if (!done) infer::fail("generate: the request did not finish");
-    result.prompt_ids = done->prompt_ids;
-    result.generated_ids = done->generated_ids;
-    result.text = done->text;
-    result.finish_reason = done->finish_reason;
-    result.seed = done->seed;
-    result_out = std::move(*done);
+    // The prompt is echoed with the first generated text, not before: a run that fails (a prompt longer than the
+    // context, say) prints its error and nothing on stdout.
+    bool echoed = given_ids || options.has("--ids");
+    auto echo_then_stream = [&](std::string_view text) {
+        if (!echoed) std::cout << prompt;
+        echoed = true;
+        stream(text);
+    };
+    result_out = run_request(engine, result.prompt_ids, params, echo_then_stream, result.times);
+    if (!echoed) std::cout << prompt;
+    result.generated_ids = result_out.generated_ids;
+    result.text = result_out.text;
+    result.finish_reason = result_out.finish_reason;
+    result.seed = result_out.seed;
     return result;
 }
 
@@ -264,26 +263,7 @@ int run_generate(const CommandLine& options) {
     infer::RequestResult engine_result;  // the engine's record, when the engine ran the request
     const infer::Device device = infer::parse_device(options.text("--device", "cpu"));
     const infer::SpecConfig spec = spec_config(options);
-    const bool through_engine = device == infer::Device::Cuda || spec.enabled() || cache_type(options) != infer::DType::F32;
-    const int warmup_passes = options.has("--warmup") ? 1 : 0;  // untimed passes of the prompt first (either path)
-    if (through_engine) {
-        result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result, warmup_passes > 0);
-    } else if (options.has("--prompt-ids")) {
-        result = infer::generate_from_ids(model, pool, parse_ids("--prompt-ids", options.text("--prompt-ids")), params, stream,
-                                          nullptr, warmup_passes);
-    } else {
-        // The prompt is echoed with the first generated text, not before: a run that fails (a prompt longer than the
-        // context, say) prints its error and nothing on stdout.
-        const std::string prompt = prompt_text(options);
-        bool echoed = ids_only;
-        auto echo_then_stream = [&](std::string_view text) {
-            if (!echoed) std::cout << prompt;
-            echoed = true;
-            stream(text);
-        };
-        result = infer::generate(model, pool, prompt, params, echo_then_stream, warmup_passes);
-        if (!echoed) std::cout << prompt;
-    }
+    result = generate_with_engine(model, pool, options, params, stream, device, spec, engine_result, options.has("--warmup"));
     const size_t asked = static_cast<size_t>(params.max_tokens);
     if (result.finish_reason == infer::FinishReason::Length && result.generated_ids.size() < asked)
         std::cerr << "warning: stopped after " << result.generated_ids.size() << " of the " << asked
@@ -459,7 +439,8 @@ int run_render_chat(const CommandLine& options) {
 }
 
 // An interactive chat: each line on stdin is a user turn; the reply streams to stdout. The whole conversation is
-// rendered and prefilled again every turn (the engine layer's prefix cache makes that cheap later).
+// rendered again every turn, and the engine's prefix cache finds the earlier turns' blocks, so only the new turn is
+// prefilled.
 int run_chat(const CommandLine& options) {
     if (!options.has("-m")) infer::fail("infer chat needs -m PATH");
     infer::LayerTimes load_times;
@@ -469,6 +450,7 @@ int run_chat(const CommandLine& options) {
     const infer::Json variables = template_variables(tokenizer);
     infer::SamplingParams params = sampling_params(options);
     infer::ThreadPool pool(thread_count(options));
+    infer::Engine engine(model, pool, command_line_engine(model, options, infer::Device::Cpu, {}));
     infer::Json::Array messages;
     if (options.has("--system"))  // llama.cpp's -sys: the conversation opens with this system message
         messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("system"))},
@@ -483,15 +465,15 @@ int run_chat(const CommandLine& options) {
         messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("user"))},
                                                            {"content", infer::Json(line)}}));
         std::string prompt = chat::render(source, infer::Json(messages), true, variables);
-        infer::GenerationResult reply = infer::generate_from_ids(
-            model, pool, tokenizer.encode(prompt, false), params,
-            [](std::string_view text) { std::cout << text << std::flush; });
+        infer::LayerTimes times;
+        const infer::RequestResult reply = run_request(engine, tokenizer.encode(prompt, false), params,
+                                                       [](std::string_view text) { std::cout << text << std::flush; }, times);
         std::cout << '\n';
         messages.push_back(infer::Json(infer::Json::Object{{"role", infer::Json(std::string("assistant"))},
                                                            {"content", infer::Json(reply.text)}}));
         if (interactive)
             std::cerr << "[" << reply.generated_ids.size() << " tokens, "
-                      << (reply.times.decode > 0 ? (reply.generated_ids.size() - 1) / reply.times.decode : 0.0) << " tokens/s]\n";
+                      << (times.decode > 0 ? (reply.generated_ids.size() - 1) / times.decode : 0.0) << " tokens/s]\n";
     }
     return 0;
 }
@@ -553,7 +535,8 @@ int run_batch(const CommandLine& options) {
     std::optional<infer::Tokenizer> tokenizer;
     if (infer::has_tokenizer(model)) tokenizer = infer::tokenizer_for(model);
 
-    const infer::EngineConfig config = engine_config(options);
+    infer::EngineConfig config = engine_config(options);
+    if (options.has("--trace")) config.step_history = 0;  // the trace shows every step of the run
     const std::string policy = options.text("--policy", "continuous");
     infer::ThreadPool pool(thread_count(options));
     infer::Engine engine(model, pool, config, tokenizer ? &*tokenizer : nullptr);
