@@ -1000,13 +1000,14 @@ inline void print_roofline(std::ostream& out, const Roofline& roof, const infer:
     char line[256];
     std::snprintf(line, sizeof line,
                   "machine: %d threads, %s kernels%s, memory bandwidth %.2f GB/s (streaming read), peak %.1f GFLOP/s (FMA), "
-                  "ridge %.1f FLOP/byte\n"
-                  "model: %s, %.2f M parameters, %.2f MB of weights read per forward pass\n\n",
+                  "ridge %.1f FLOP/byte\n",
                   roof.threads, infer::cpu_kernels_name(infer::cpu_kernels()),
-                  infer::bf16_activations() ? ", bf16 activations" : "", roof.bandwidth / 1e9, roof.peak / 1e9,
-                  roof.ridge(), model.source.c_str(),
-                  model.parameter_count() / 1e6, model.weight_bytes_per_token() / 1e6);
+                  infer::bf16_activations() ? ", bf16 activations" : "", roof.bandwidth / 1e9, roof.peak / 1e9, roof.ridge());
     out << line;
+    // The model's source is a path of any length: it goes out as it is, not through the fixed buffer.
+    std::snprintf(line, sizeof line, ", %.2f M parameters, %.2f MB of weights read per forward pass\n\n",
+                  model.parameter_count() / 1e6, model.weight_bytes_per_token() / 1e6);
+    out << "model: " << model.source << line;
     out << "| phase   | seqs | tokens |   ms/pass | FLOP/byte |  GFLOP/s |   GB/s | attainable GFLOP/s | of roof | bound   |\n"
            "|---------|-----:|-------:|----------:|----------:|---------:|-------:|-------------------:|--------:|---------|\n";
     for (const RooflinePoint& p : roof.points) {
@@ -1067,6 +1068,7 @@ inline EngineRun run_engine(const infer::Model& model, infer::ThreadPool& pool, 
     config.num_blocks = batch * ((input_len + output_len + 15) / 16) + 1;
     config.prefix_caching = false;  // random prompts share nothing; keep the cache's bookkeeping out of the figures
     config.touch_kv_pool = true;    // the pool's page faults before the clock starts, as llama.cpp's benchmarks have them
+    config.step_history = 0;        // the figures read every step of the run
     infer::Engine engine(model, pool, config);
     infer::SamplingParams params;
     params.temperature = 0;
