@@ -516,3 +516,34 @@ TEST_CASE("a Model reads its tokenizer once: generate() from text reuses it, eng
     CHECK(!infer::has_tokenizer(reloaded));
     CHECK(test::error_of([&] { infer::tokenizer_for(reloaded); }).find("no tokenizer.json") != std::string::npos);
 }
+
+TEST_CASE("an engine that runs for thousands of steps keeps bounded bookkeeping: the latest steps and no finished request") {
+    REQUIRE_SHARED_OR_SKIP();
+    infer::ThreadPool pool(2);
+    infer::EngineConfig settings;
+    settings.step_history = 32;
+    infer::Engine engine(stories(), pool, settings);
+    infer::SamplingParams params = greedy(200);
+    params.ignore_eos = true;
+    size_t most_steps = 0, most_capacity = 0;
+    std::vector<int> first_ids;
+    for (int request = 0; request < 30; ++request) {  // 30 requests one after another, each 200 decode steps
+        const int id = engine.add_request(std::vector<int>{1, 403, 407}, params);
+        while (engine.has_work()) {
+            engine.step();
+            most_steps = std::max(most_steps, engine.steps().size());
+            most_capacity = std::max(most_capacity, engine.steps().capacity());
+        }
+        std::optional<infer::RequestResult> result = engine.take_result(id);
+        REQUIRE(result);
+        CHECK(result->generated_ids.size() == 200);
+        if (request == 0) first_ids = result->generated_ids;
+        CHECK(result->generated_ids == first_ids);  // the same request gives the same ids however long the engine ran
+        CHECK(!engine.take_result(id));             // handed over once, then forgotten
+    }
+    CHECK(engine.totals().steps >= 6000);
+    CHECK(most_steps < 2 * settings.step_history);
+    CHECK(most_capacity <= 4 * settings.step_history);
+    CHECK(engine.steps().back().decode_tokens == 1);  // the latest step is kept
+    check_pool_idle(engine);
+}
