@@ -1,6 +1,6 @@
 // infer_cuda.cu — the forward pass of infer.hpp on an NVIDIA GPU: Hopper first (sm_90), PTX for the others.
 //
-// The header's section 5b declares what this file implements (under INFER_CUDA): cuda::ForwardPass, which takes the
+// The header's section 07 declares what this file implements (under INFER_CUDA): cuda::ForwardPass, which takes the
 // same Batch and KVCache as the CPU ForwardPass and hands back the same logits [rows, V] in host memory, so the sampler,
 // scheduler, engine and server run unchanged on either device; and cuda::kernels, each kernel alone on host data, so
 // the tests check every kernel against its CPU twin before anything is timed (llm.c's dev/cuda habit).

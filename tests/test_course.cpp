@@ -5,6 +5,7 @@
 
 #include <future>
 #include <regex>
+#include <set>
 
 namespace {
 
@@ -156,6 +157,33 @@ TEST_CASE("every lesson section carries a comment on at least a fifth of its lin
         CAPTURE(s.title);
         CHECK(commented * 5 >= code);
     }
+}
+
+TEST_CASE("every section and appendix that the header, the CUDA file, the chapters, the examples and the README name exists") {
+    std::set<std::string> banners;
+    for (const Section& s : sections(header_lines())) banners.insert(s.number);
+    REQUIRE(banners.count("04"));
+    std::vector<std::filesystem::path> files = {"infer.hpp", "infer_cuda.cu", "README.md"};
+    for (const char* folder : {"chapters", "examples"})
+        for (const auto& entry : std::filesystem::directory_iterator(source_dir() / folder)) files.push_back(entry.path());
+    // "section 04", "sections 04 and 05", "appendix F", "appendices A–J": every number or letter in the run.
+    const std::regex section(R"(\b[Ss]ections?\s+((?:[0-9]+[a-z]?(?:\s*(?:,|and|or|–|-|to)\s*)?)+))");
+    const std::regex appendix(R"(\b[Aa]ppendi(?:x|ces)\s+((?:[A-Z](?![A-Za-z0-9])(?:\s*(?:,|and|or|–|-|to)\s*)?)+))");
+    int references = 0;
+    for (const std::filesystem::path& file : files) {
+        const std::string text = infer::read_text_file(file.is_absolute() ? file : source_dir() / file);
+        for (const auto& [pattern, name] : {std::pair{&section, std::regex("[0-9]+[a-z]?")}, std::pair{&appendix, std::regex("[A-Z]")}})
+            for (auto m = std::sregex_iterator(text.begin(), text.end(), *pattern); m != std::sregex_iterator(); ++m) {
+                const std::string run = (*m)[1];
+                for (auto n = std::sregex_iterator(run.begin(), run.end(), name); n != std::sregex_iterator(); ++n) {
+                    ++references;
+                    const size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + m->position(), '\n'));
+                    CHECK_MESSAGE(banners.count(n->str()), file.filename().string() << ":" << line << " names \"" << m->str()
+                                                                                    << "\", but the header has no banner " << n->str());
+                }
+            }
+    }
+    CHECK(references > 50);  // the course does point into the header
 }
 
 TEST_CASE("the quick starts compile as standalone files beside the header, and run") {
