@@ -153,8 +153,12 @@ infer::SamplingParams sampling_params(const CommandLine& options) {
 // is the first step, decode the rest; sample and detokenize are the steps' own shares of them.
 infer::RequestResult run_request(infer::Engine& engine, const std::vector<int>& prompt_ids, infer::SamplingParams params,
                                  const std::function<void(std::string_view)>& on_text, infer::LayerTimes& times) {
-    const int64_t room = int64_t{engine.model().config.context_length} - static_cast<int64_t>(prompt_ids.size());
-    if (room > 0 && params.max_tokens > room) params.max_tokens = static_cast<int>(room);
+    const infer::Model& model = engine.model();
+    const int64_t room = int64_t{model.config.context_length} - static_cast<int64_t>(prompt_ids.size());
+    if (room <= 0)
+        infer::fail("the prompt is ", prompt_ids.size(), " tokens, but the model's context holds ", model.config.context_length,
+                    " (", model.source, "); shorten the prompt");
+    if (params.max_tokens > room) params.max_tokens = static_cast<int>(room);
     const int id = engine.add_request(prompt_ids, params);
     infer::Stopwatch clock;
     bool first = true;
