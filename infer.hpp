@@ -427,23 +427,43 @@ inline uint16_t f32_to_f16(float value);
 // (144 bytes, 4.5 bits). A "Q4_K_M" file mixes types tensor by tensor. Decoding each layout: appendix H.
 enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K };
 
+// One row per type, in DType's order: what every layer asks of a weight type. The loaders read its block shape and
+// GGUF id; the matmul (appendix F) takes the integer path where activation_block is set, the decode-to-f32 path for
+// any other block type; loading interleaves row groups where row_groups is set (appendix H); infer_cuda.cu keeps the
+// weights as stored on the GPU where on_gpu is set, and widens the others to f32 at upload.
 struct DTypeBlock {
-    const char* name;  // as safetensors and GGUF spell it
-    int elements;      // weights per block
-    int bytes;         // bytes per block
-    int gguf_type;     // the type id in a GGUF tensor table
+    const char* name;      // as safetensors and GGUF spell it
+    int elements;          // weights per block
+    int bytes;             // bytes per block
+    int gguf_type;         // the type id in a GGUF tensor table
+    int activation_block;  // the integer kernel multiplies 8-bit activations in blocks of this many; 0: no such kernel
+    bool row_groups;       // its rows are summed in one chain, so a matrix can be kept sixteen rows interleaved
+    bool on_gpu;           // the GPU's kernels read it as stored
 };
 
-inline const DTypeBlock& dtype_block(DType dtype) {
-    static constexpr DTypeBlock blocks[] = {  // in DType's order
-        {"F32", 1, 4, 0},       {"F16", 1, 2, 1},       {"BF16", 1, 2, 30},     {"Q8_0", 32, 34, 8},    {"Q4_0", 32, 18, 2},
-        {"Q4_1", 32, 20, 3},    {"Q5_0", 32, 22, 6},    {"Q5_1", 32, 24, 7},    {"Q2_K", 256, 84, 10},  {"Q3_K", 256, 110, 11},
-        {"Q4_K", 256, 144, 12}, {"Q5_K", 256, 176, 13}, {"Q6_K", 256, 210, 14}};
+inline constexpr DTypeBlock dtype_blocks[] = {
+    // name    elements bytes gguf  activations row groups on GPU
+    {"F32",    1,       4,    0,    0,          false,     true},
+    {"F16",    1,       2,    1,    0,          false,     false},
+    {"BF16",   1,       2,    30,   0,          false,     true},
+    {"Q8_0",   32,      34,   8,    32,         true,      true},
+    {"Q4_0",   32,      18,   2,    32,         true,      false},
+    {"Q4_1",   32,      20,   3,    32,         false,     false},
+    {"Q5_0",   32,      22,   6,    32,         false,     false},
+    {"Q5_1",   32,      24,   7,    32,         false,     false},
+    {"Q2_K",   256,     84,   10,   256,        false,     false},
+    {"Q3_K",   256,     110,  11,   256,        false,     false},
+    {"Q4_K",   256,     144,  12,   256,        true,      true},
+    {"Q5_K",   256,     176,  13,   256,        false,     false},
+    {"Q6_K",   256,     210,  14,   256,        true,      false},
+};
+
+constexpr const DTypeBlock& dtype_block(DType dtype) {
     const auto index = static_cast<size_t>(dtype);
-    if (index >= std::size(blocks)) fail("weight type ", index, " is not one of the ", std::size(blocks), " types");
-    return blocks[index];
+    if (index >= std::size(dtype_blocks)) fail("weight type ", index, " is not one of the ", std::size(dtype_blocks), " types");
+    return dtype_blocks[index];
 }
-inline constexpr int dtype_count = 13;
+inline constexpr int dtype_count = static_cast<int>(std::size(dtype_blocks));
 inline bool is_quantized(DType dtype) { return dtype_block(dtype).elements > 1; }
 
 // `count` weights of a row of blocks widened to f32 (count a multiple of the block): the plain decoders of appendix H.
@@ -8023,16 +8043,10 @@ struct QuantizedRows {
                                  // Σq of each block, what Q8_0's and Q4_0's offsets in row groups multiply
 };
 
-// Listed by name, not "every block type": a new block format needs only its decoder (it then takes the decode-to-f32
-// path, matmul_rows_dequantized) until it gets an unpacking and a dot of its own here.
-inline bool has_integer_kernel(DType dtype) {
-    switch (dtype) {
-        case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-        case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
-        default: return false;
-    }
-}
-inline int activation_block(DType dtype) { return dtype_block(dtype).elements == 32 ? 32 : 256; }
+// From the type's row of dtype_blocks (section 02): a block type without an integer kernel takes the decode-to-f32
+// path (matmul_rows_dequantized) until it gets an unpacking and a dot of its own in appendix H.
+inline bool has_integer_kernel(DType dtype) { return dtype_block(dtype).activation_block != 0; }
+inline int activation_block(DType dtype) { return dtype_block(dtype).activation_block; }
 inline void size_quantized_rows(int T, size_t K, int block, QuantizedRows& out);
 inline void quantize_activation_rows(const float* x, size_t K, QuantizedRows& out, size_t first_token, size_t end_token);
 inline void quantize_activations(const float* x, int T, size_t K, int block, QuantizedRows& out);
@@ -9409,10 +9423,8 @@ inline void add_integer_block(DType dtype, const IntegerBlock& w, const Quantize
     }
 }
 
-// The types summed in one chain, whose rows can be kept as row groups.
-constexpr bool has_row_groups(DType dtype) {
-    return dtype == DType::Q8_0 || dtype == DType::Q4_0 || dtype == DType::Q4_K || dtype == DType::Q6_K;
-}
+// The types summed in one chain, whose rows can be kept as row groups (dtype_blocks, section 02).
+constexpr bool has_row_groups(DType dtype) { return dtype_block(dtype).row_groups; }
 
 // One block's step of a row-group type's chain (the weights as decode_integer_block gives them: signed, with the
 // K-quants' scale per 16 and Q4_K's minimums).

@@ -144,32 +144,25 @@ std::vector<T> download(const T* device, size_t count) {
     return host;
 }
 
-// How a matrix's weights sit in device memory. F32 and BF16 hold one value per element; Q8_0 and Q4_K are GGUF's
-// blocks, uploaded as the file stores them and decoded in registers, so a decode step streams 1.06 or 0.56 bytes per
-// weight instead of 4 (every other stored type is widened to f32 once, at upload: exact, but 4 bytes a weight).
-enum class WeightFormat { F32, BF16, Q8_0, Q4_K };
+// How a matrix's weights sit in device memory, named by its DType. F32 and BF16 hold one value per element; Q8_0 and
+// Q4_K are GGUF's blocks, uploaded as the file stores them and decoded in registers, so a decode step streams 1.06 or
+// 0.56 bytes per weight instead of 4. Which types the kernels read as stored is dtype_blocks' on_gpu column
+// (infer.hpp, section 02); every other stored type is widened to f32 once, at upload: exact, but 4 bytes a weight.
+__host__ __device__ constexpr bool is_block(DType f) { return f == DType::Q8_0 || f == DType::Q4_K; }
 
-__host__ __device__ constexpr bool is_block(WeightFormat f) { return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K; }
+// Bytes of one row of K weights.
+size_t row_bytes_of(DType f, int K) { return static_cast<size_t>(dtype_bytes(f, K)); }
 
-// Bytes of one row of K weights: K/32 Q8_0 blocks of 34 bytes, K/256 Q4_K blocks of 144 (infer.hpp's dtype_block).
-size_t row_bytes_of(WeightFormat f, int K) {
-    switch (f) {
-        case WeightFormat::F32: return static_cast<size_t>(K) * 4;
-        case WeightFormat::BF16: return static_cast<size_t>(K) * 2;
-        case WeightFormat::Q8_0: return static_cast<size_t>(K) / 32 * 34;
-        case WeightFormat::Q4_K: return static_cast<size_t>(K) / 256 * 144;
-    }
-    return 0;
-}
-
-// Calls launch(std::integral_constant<WeightFormat, f>{}): one kernel instantiation per format, picked at run time.
+// Calls launch(std::integral_constant<DType, f>{}): one kernel instantiation per type the device reads, picked at run
+// time.
 template <class Launch>
-void for_format(WeightFormat f, Launch&& launch) {
+void for_format(DType f, Launch&& launch) {
     switch (f) {
-        case WeightFormat::F32: launch(std::integral_constant<WeightFormat, WeightFormat::F32>{}); break;
-        case WeightFormat::BF16: launch(std::integral_constant<WeightFormat, WeightFormat::BF16>{}); break;
-        case WeightFormat::Q8_0: launch(std::integral_constant<WeightFormat, WeightFormat::Q8_0>{}); break;
-        case WeightFormat::Q4_K: launch(std::integral_constant<WeightFormat, WeightFormat::Q4_K>{}); break;
+        case DType::F32: launch(std::integral_constant<DType, DType::F32>{}); break;
+        case DType::BF16: launch(std::integral_constant<DType, DType::BF16>{}); break;
+        case DType::Q8_0: launch(std::integral_constant<DType, DType::Q8_0>{}); break;
+        case DType::Q4_K: launch(std::integral_constant<DType, DType::Q4_K>{}); break;
+        default: fail("cuda: no kernel reads ", dtype_name(f), " weights as stored (dtype_blocks' on_gpu)");
     }
 }
 
@@ -213,14 +206,14 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int& sc, in
 //        bytes, or 32-weight pieces, made decode slower, not faster.)
 // Each product in a dequantization is exact in f32 (an f16 significand times a small integer), so with or without a
 // fused multiply-add the values are the CPU dequantizer's, bit for bit (the tests check it).
-template <WeightFormat F>
+template <DType F>
 __device__ __forceinline__ void load_piece(const uint8_t* row, int p, float w[8], int& first, int& second) {
-    if constexpr (F == WeightFormat::F32 || F == WeightFormat::BF16) {
-        using Stored = std::conditional_t<F == WeightFormat::F32, float, __nv_bfloat16>;
+    if constexpr (F == DType::F32 || F == DType::BF16) {
+        using Stored = std::conditional_t<F == DType::F32, float, __nv_bfloat16>;
         load8(reinterpret_cast<const Stored*>(row) + static_cast<size_t>(p) * 8, w);
         first = 8 * p;
         second = first + 4;
-    } else if constexpr (F == WeightFormat::Q8_0) {
+    } else if constexpr (F == DType::Q8_0) {
         const uint8_t* block = row + static_cast<size_t>(p / 4) * 34;
         const float d = f16_at(block);
         const uint16_t* q = reinterpret_cast<const uint16_t*>(block + 2 + 8 * (p % 4));  // blocks are 2-byte aligned
@@ -253,9 +246,9 @@ __device__ __forceinline__ void load_piece(const uint8_t* row, int p, float w[8]
 }
 
 // One weight, for rows whose length is not a multiple of 8 (f32 and bf16 only: block rows are whole blocks).
-template <WeightFormat F>
+template <DType F>
 __device__ __forceinline__ float weight_at(const uint8_t* row, int k) {
-    if constexpr (F == WeightFormat::BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
+    if constexpr (F == DType::BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
     else return reinterpret_cast<const float*>(row)[k];
 }
 
@@ -282,7 +275,7 @@ __device__ __forceinline__ double warp_sum(double v) {
 // 1. Embedding gather.  CPU twin: Tensor::read_row in ForwardPass::forward.
 //    One block per token, threads stride over the row's pieces (load_piece: block formats are decoded here too).
 //    Moves 0.5-4 bytes in and 4 out per element, no arithmetic: AI 0.
-template <WeightFormat F>
+template <DType F>
 __global__ void embedding_gather(const uint8_t* __restrict__ table, size_t row_bytes, const int* __restrict__ ids, int D,
                                  float* __restrict__ x) {
     const int t = blockIdx.x;
@@ -406,7 +399,7 @@ __global__ void write_kv(const float* __restrict__ k, const float* __restrict__ 
 //    loads are issued before they are used (independent loads in flight hide the ~600 ns latency), the partial sums are
 //    reduced by shuffles, then across the row's warps through shared memory in a fixed order.
 //    Each output's sum is built the same way whatever T is, so a sequence's logits do not depend on its batch-mates.
-template <WeightFormat F, int ROWS>
+template <DType F, int ROWS>
 __global__ void __launch_bounds__(128) matvec(const uint8_t* __restrict__ w, size_t row_bytes, const float* __restrict__ x,
                                               int T, int N, int K, int warps_per_row, const float* __restrict__ bias,
                                               float* __restrict__ out) {
@@ -476,7 +469,7 @@ __global__ void __launch_bounds__(128) matvec(const uint8_t* __restrict__ w, siz
 //    Q8_0 / Q4_K rows → f32 rows, one thread per piece: what a prefill's cuBLAS product reads (a matrix-matrix
 //    product is compute-bound, so decoding the blocks once per product costs one pass over the weights, against the
 //    2·T·N·K flops that follow). CPU twin: dequantize_row. Bit for bit the same values (see load_piece).
-template <WeightFormat F>
+template <DType F>
 __global__ void dequantize_rows(const uint8_t* __restrict__ w, size_t row_bytes, int N, int K, float* __restrict__ out) {
     const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, pieces = static_cast<size_t>(K / 8);
     if (i >= static_cast<size_t>(N) * pieces) return;
@@ -784,23 +777,16 @@ unsigned blocks_for(size_t n, unsigned threads) { return static_cast<unsigned>((
 
 struct DeviceMatrix {
     const uint8_t* data = nullptr;  // N rows of row_bytes
-    WeightFormat format = WeightFormat::F32;
+    DType format = DType::F32;
     int N = 0, K = 0;
     size_t row_bytes = 0;
     int warps_per_row = 1;  // matvec split-K: 4 when N is small for the card
 };
 
-// The format a stored type is read in on the device: as stored where a kernel decodes it, else f32 (widened at upload).
-WeightFormat device_format(DType dtype) {
-    switch (dtype) {
-        case DType::BF16: return WeightFormat::BF16;
-        case DType::Q8_0: return WeightFormat::Q8_0;
-        case DType::Q4_K: return WeightFormat::Q4_K;
-        default: return WeightFormat::F32;
-    }
-}
+// The type a stored type is read as on the device: as stored where the kernels decode it, else f32 (widened at upload).
+DType device_format(DType dtype) { return dtype_block(dtype).on_gpu ? dtype : DType::F32; }
 
-bool uploaded_as_stored(DType dtype) { return dtype == DType::F32 || device_format(dtype) != WeightFormat::F32; }
+bool uploaded_as_stored(DType dtype) { return dtype_block(dtype).on_gpu; }
 
 // Uploads weights, each host tensor once (a tied lm_head is the embedding itself), and keeps them.
 class DeviceWeights {
@@ -831,7 +817,7 @@ public:
             m.N += static_cast<int>(t->rows());
             same = same && t->dtype == first;
         }
-        m.format = same ? device_format(first) : WeightFormat::F32;
+        m.format = same ? device_format(first) : DType::F32;
         m.row_bytes = row_bytes_of(m.format, m.K);
         std::vector<std::byte> host;
         host.reserve(static_cast<size_t>(m.N) * m.row_bytes);
@@ -933,7 +919,7 @@ void launch_embedding_gather(const DeviceMatrix& table, const int* ids, int T, f
 
 void launch_matvec(const DeviceMatrix& m, const float* x, int T, const float* bias, float* out, cudaStream_t stream) {
     if (m.K % 8 == 0 && (reinterpret_cast<uintptr_t>(m.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
-                         m.row_bytes % (m.format == WeightFormat::Q8_0 ? 2 : 16) != 0))
+                         m.row_bytes % (m.format == DType::Q8_0 ? 2 : 16) != 0))
         fail("cuda matvec: buffers are not aligned for 16-byte loads");
     const int rows_per_block = 4 / m.warps_per_row;
     const dim3 grid(blocks_for(static_cast<size_t>(m.N), rows_per_block));
@@ -968,7 +954,7 @@ struct MatmulContext {
 
 void run_matmul(MatmulContext& ctx, Path path, const DeviceMatrix& m, const float* x, int T, const float* bias, float* out) {
     if (T <= 0) return;
-    const bool bf16 = m.format == WeightFormat::BF16;
+    const bool bf16 = m.format == DType::BF16;
     // Only bf16 weights have a tensor-core path here; the others take the matrix-vector kernel for Tiled, and cuBLAS in
     // f32 (pedantic, no TF32) for Cublas, block formats decoded to f32 first.
     if (path == Path::Vector || (!bf16 && path == Path::Tiled)) {
