@@ -221,3 +221,40 @@ TEST_CASE("the quick starts compile as standalone files beside the header, and r
         CHECK(run.out.size() > 20);  // a story, token by token
     }
 }
+
+TEST_CASE("chapter 07's figures for stories260K match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    // Run beside the model with its bare name: print_roofline writes its first two lines through a 256-byte buffer,
+    // and a long model path would cut the weight bytes off the end of the second.
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE_MESSAGE(build != nullptr, "INFER_BUILD is not set (meson test sets it)");
+    const std::string command = "cd " + test::quote((test::shared_dir() / "models/stories260K").string()) + " && " +
+                                test::quote(std::filesystem::absolute(std::filesystem::path(build) / "07_hardware").string()) +
+                                " -m stories260K.gguf --quick";
+    const test::ProgramRun run = test::run_command(command);
+    INFO(command);
+    INFO(run.err);
+    REQUIRE(run.exit_code == 0);
+    const std::string& out = run.out;
+    // The figures that depend only on the model's shape, quoted in the chapter's section on small models; the
+    // timings around them depend on the machine and are not checked.
+    const std::string chapter = chapter_text("07-hardware.md");
+    const size_t section = chapter.find("## Small models live in the caches");
+    REQUIRE(section != std::string::npos);
+    const std::string text = chapter.substr(section);
+    const std::string where = "chapter 07's section on small models";
+    const std::string number = R"(([0-9]+(?:\.[0-9]+)?))";  // not the full stop after a figure
+    CHECK(figure(text, R"(Its\s+)" + number + R"(\s+M\s+parameters)", where) ==
+          figure(out, ", " + number + " M parameters", "07_hardware"));
+    CHECK(figure(text, R"(parameters\s+are\s+)" + number + R"(\s+MB)", where) ==
+          figure(out, number + " MB of weights read per forward pass", "07_hardware"));
+    // The FLOP/byte column of a table row: phase, seqs, tokens, ms/pass, FLOP/byte.
+    auto intensity = [&](const std::string& phase, int seqs, int tokens) {
+        return figure(out, R"(\| )" + phase + R"( +\| +)" + std::to_string(seqs) + R"( \| +)" + std::to_string(tokens) +
+                               R"( \| +[0-9.]+ \| +)" + number + R"( \|)",
+                      "07_hardware");
+    };
+    CHECK(figure(text, R"(decode\s+of\s+one\s+sequence\s+does\s+)" + number + R"(\s+FLOP)", where) == intensity("decode", 1, 1));
+    CHECK(figure(text, R"(batch\s+of\s+16\s+sequences\s+)" + number, where) == intensity("decode", 16, 16));
+    CHECK(figure(text, R"(prefill\s+of\s+64\s+tokens\s+)" + number, where) == intensity("prefill", 1, 64));
+}
