@@ -193,3 +193,280 @@ TEST_CASE("the quick starts compile as standalone files beside the header, and r
         CHECK(run.out.size() > 20);  // a story, token by token
     }
 }
+
+// ---- Each chapter's figures against a fresh run of its program ---------------------------------------------------
+
+#include <cmath>
+#include <set>
+
+namespace {
+
+// `pattern`'s first group must read the same in the chapter's text and in its program's output.
+void check_same_figure(const std::string& text, const std::string& output, const std::string& pattern) {
+    CAPTURE(pattern);
+    CHECK(figure(text, pattern, "the chapter") == figure(output, pattern, "the program's output"));
+}
+
+// A figure of the program's output rounded to whole units, as the chapter's prose quotes it.
+std::string rounded(const std::string& value) { return std::to_string(std::lround(std::stod(value))); }
+
+std::string stories260K() { return (test::shared_dir() / "models/stories260K/stories260K.gguf").string(); }
+
+}  // namespace
+
+TEST_CASE("the chapters and their programs name only sections and appendices the header has") {
+    std::vector<std::string> lines = header_lines();
+    std::set<std::string> banners;
+    for (const Section& s : sections(lines)) banners.insert(s.number);
+    static const std::regex reference(R"(\b(?:[Ss]ection|[Aa]ppendix) ([0-9]{2}|[A-Z])\b)");
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator(source_dir() / "chapters"))
+        if (entry.path().filename().string().rfind("07-", 0) != 0) files.push_back(entry.path());
+    for (const auto& entry : std::filesystem::directory_iterator(source_dir() / "examples"))
+        if (entry.path().filename().string().rfind("07_", 0) != 0) files.push_back(entry.path());
+    for (const std::filesystem::path& file : files) {
+        const std::string text = infer::read_text_file(file);
+        for (auto it = std::sregex_iterator(text.begin(), text.end(), reference); it != std::sregex_iterator(); ++it) {
+            CAPTURE(file.filename().string());
+            CAPTURE((*it)[0].str());
+            CHECK(banners.count((*it)[1].str()) == 1);
+        }
+    }
+}
+
+TEST_CASE("chapter 05's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("05-kv-cache.md");
+    const std::string out = chapter_program_output("05_kv_cache", {"-m", stories260K(), "--requests", "24"});
+    for (const char* pattern : {R"(\(f32\) = (\d+) bytes per token)", R"(context: ([\d.]+ MiB))",
+                                R"(Llama 2 7B \(no GQA\)\s+(\d+\s+[\d.]+))", R"(Llama 3 8B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(Mistral 7B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(Qwen3 0.6B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(TinyLlama 1.1B \(GQA, 4 KV heads\)\s+(\d+\s+[\d.]+))", R"(, (\d+) stopped at EOS)",
+                                R"(averaged over (\d+) engine steps)", R"(K/V actually stored\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(one full context per slot\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(prompt \+ max_tokens per request\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(paged, blocks of 16 tokens\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(\n   off\s+(\d+\s+\d+ \(\s*[\d.]+%\)\s+\d+))", R"(\n   on\s+(\d+\s+\d+ \([\d.]+%\)\s+\d+))",
+                                R"(with and without the cache: (\w+))"})
+        check_same_figure(text, out, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(context wastes (\d+) %)", "chapter 05") ==
+          rounded(figure(out, R"(one full context per slot\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    CHECK(figure(text, R"(max_tokens\s+still wastes (\d+) %)", "chapter 05") ==
+          rounded(figure(out, R"(prompt \+ max_tokens per request\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    CHECK(figure(text, R"(Paging wastes (\d+) %)", "chapter 05") ==
+          rounded(figure(out, R"(paged, blocks of 16 tokens\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    const std::string hits = figure(out, R"(\n   on\s+\d+\s+(\d+) \()", "05_kv_cache");
+    CHECK(figure(text, R"(= (\d+) hits\))", "chapter 05") == hits);
+    CHECK(std::to_string(std::stoi(figure(text, R"(\((\d+) × 96 =)", "chapter 05")) * 96) == hits);
+    CHECK(figure(text, R"(hit rate is ([\d.]+) %)", "chapter 05") == figure(out, R"(\n   on\s+\d+\s+\d+ \(([\d.]+)%\))", "05_kv_cache"));
+    CHECK(figure(text, R"(falls from (\d+) tokens)", "chapter 05") == figure(out, R"(\n   on\s+(\d+))", "05_kv_cache"));
+    CHECK(figure(text, R"(tokens to (\d+))", "chapter 05") == figure(out, R"(\n   on\s+\d+\s+\d+ \([\d.]+%\)\s+(\d+))", "05_kv_cache"));
+}
+
+TEST_CASE("chapter 02's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::filesystem::path shared = test::shared_dir();
+    const std::string text = chapter_text("02-weights-on-disk.md");
+    const std::string out = chapter_program_output(
+        "02_weights_on_disk", {stories260K(), (shared / "models/stories260K/stories260K.bin").string(),
+                               (shared / "fixtures/arch/llama/model-bf16").string()});
+    // The run's table, model by model: every line but the paths is fixed by the files.
+    for (const char* pattern :
+         {R"(stories260K.gguf\n[^\n]*\nshape\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){6}  header\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){7}difference\s+([^\n]+))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){8}decode reads\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){9}KV cache\s+([^\n]+))",
+          R"(\n  Q8_0 +(\d[^\n]+))", R"(\n  Q4_0 +(\d[^\n]+))", R"(\n  Q4_K_M +(\d[^\n]+))",
+          R"(stories260K.bin\n[^\n]*\nshape\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(stories260K.bin\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(stories260K.bin\n(?:[^\n]*\n){7}  other\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){8}difference\s+([^\n]+))",
+          R"(stories260K.bin\n(?:[^\n]*\n){9}decode reads\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){10}KV cache\s+([^\n]+))",
+          R"(model-bf16\n[^\n]*\nshape\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(model-bf16\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(model-bf16\n(?:[^\n]*\n){7}difference\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){8}decode reads\s+([^\n]+))",
+          R"(model-bf16\n(?:[^\n]*\n){9}KV cache\s+([^\n]+))"})
+        check_same_figure(text, out, pattern);
+
+    // The prose: the arithmetic's result is the llama2.c file's count, the GGUF's extra classifier the difference.
+    const auto number = [](std::string s) {
+        s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+        return std::stoll(s);
+    };
+    const std::string bin_parameters = figure(out, R"(stories260K.bin\n(?:[^\n]*\n){2}parameters\s+([\d,]+))", "02 output");
+    const std::string gguf_parameters = figure(out, R"(stories260K.gguf\n(?:[^\n]*\n){2}parameters\s+([\d,]+))", "02 output");
+    CHECK(figure(text, R"(\*\*([\d,]+) parameters, [\d,]+\nbytes in f32\*\*)", "chapter 02") == bin_parameters);
+    CHECK(number(figure(text, R"(\*\*[\d,]+ parameters, ([\d,]+)\nbytes in f32\*\*)", "chapter 02")) == 4 * number(bin_parameters));
+    CHECK(number(figure(text, R"(([\d,]+) more parameters on\s+disk)", "chapter 02")) ==
+          number(gguf_parameters) - number(bin_parameters));
+    CHECK(figure(text, R"(GGUF: (\d+) kB of metadata)", "chapter 02") ==
+          std::to_string(number(figure(out, R"(stories260K.gguf\n(?:[^\n]*\n){6}  header\s+([\d,]+) B)", "02 output")) / 1000));
+    CHECK(figure(text, R"(header and ([\d,]+) bytes after the last weight)", "chapter 02") ==
+          figure(out, R"(([\d,]+) B after: freq_cis)", "02 output"));
+    CHECK(figure(text, R"((\d+) % of\s+rounding error in its weights \(Q4_0\))", "chapter 02") ==
+          rounded(figure(out, R"(  Q4_0\s+[\d,]+\s+[\d.]+x\s+[^\n]*?([\d.]+)%)", "02 output")));
+    CHECK(figure(text, R"(moves a logit by ([\d.]+))", "chapter 02") ==
+          [&] {
+              char buffer[16];
+              std::snprintf(buffer, sizeof buffer, "%.1f", std::stod(figure(out, R"(  Q4_0\s+[^\n]*%\s+([\d.]+))", "02 output")));
+              return std::string(buffer);
+          }());
+
+    // The worked Q8_0 block is the fixture file's first block of token_embd.weight, byte for byte.
+    infer::GgufFile q8 = infer::read_gguf(shared / "fixtures/quant/Q8_0/model-Q8_0.gguf");
+    const infer::Tensor& embedding = q8.tensors.at("token_embd.weight");
+    std::string hex;
+    for (int i = 0; i < 34; ++i) {
+        char byte[4];
+        std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned>(embedding.data[i]));
+        hex += std::string(i == 0 ? "" : i == 2 ? " | " : " ") + byte;
+    }
+    CHECK(figure(text, R"(```\n([0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f ]+)\n  d   \| q\[0\.\.31\])", "chapter 02") == hex);
+}
+
+TEST_CASE("chapter 03's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("03-tokenizer.md");
+    const std::string out = chapter_program_output(
+        "03_tokenizer", {"--tokenizers", (test::shared_dir() / "tokenizers").string(), "-m", stories260K()});
+    for (const char* pattern : {R"(\n(    0  \[[^\n]+))", R"(\n(    1  \[[^\n]+))", R"(\n(    2  \[[^\n]+))",
+                                R"(\n(   10  \[[^\n]+))", R"(\n(   11  \[[^\n]+))", R"((Llama 2 decodes them as: [^\n]+))",
+                                R"((Mistral decodes them as: [^\n]+))", R"((\d+ of \d+) tokens differ)",
+                                R"(Encode speed on ([\d.]+ MB))", R"(Llama 2\s+[\d.]+\s+(\d+))", R"(Llama 3\s+[\d.]+\s+(\d+))"})
+        check_same_figure(text, out, pattern);
+}
+
+TEST_CASE("chapter 04's deterministic figures match its programs") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("04-forward-pass.md");
+    const std::string forward =
+        chapter_program_output("04_forward_pass", {"-m", stories260K(), "--prompt-tokens", "64", "--decode-tokens", "32"});
+    // The stories260K table: the model, the tokens, the bytes per step and the intensities; then every sampler line
+    // but the one that times it.
+    for (const char* pattern :
+         {R"((?:^|\n)model\s+\S+stories260K.gguf (\([^\n]+))", R"(\nprefill\s+(\d+) )", R"(\ndecode\s+(\d+) )",
+          R"(decode reads\s+([\d.]+ MB))", R"(\nintensity\s+([^\n]+))", R"(\n(prompt\s+[^\n]+))", R"(\n(sampler\s+[^\n]+))",
+          R"(\n(  greedy\s+[^\n]+))", R"(\n(  next\s+[^\n]+))", R"(\n(  temperature  0.5[^\n]+))",
+          R"(\n(  temperature  1.0[^\n]+))", R"(\n(  temperature  1.5[^\n]+))", R"(\n(  top-k 40[^\n]+))",
+          R"(\n(  top-p 0.95[^\n]+))", R"(\n(  min-p 0.05[^\n]+))", R"(\n(  repetition[^\n]+))", R"(\n(  seed 7 [^\n]+))",
+          R"(\n(  seed 7 again[^\n]+))", R"(\n(  seed 8[^\n]+))"})
+        check_same_figure(text, forward, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(([\d.]+) FLOP per byte in decode)", "chapter 04") ==
+          figure(forward, R"(intensity\s+decode ([\d.]+))", "04_forward_pass"));
+    CHECK(figure(text, R"(([\d.]+) in a 64-token prefill)", "chapter 04") ==
+          figure(forward, R"(prefill ([\d.]+) FLOP/byte)", "04_forward_pass"));
+    CHECK(figure(text, R"(([\d.]+) % of the probability sits on two)", "chapter 04") ==
+          figure(forward, R"(min-p 0.05   keeps 2 tokens \([^)]*\), ([\d.]+) %)", "04_forward_pass"));
+
+    const std::string structured = chapter_program_output("04_structured_outputs", {"-m", stories260K(), "-n", "4"});
+    for (const char* pattern :
+         {R"(V = (\d+ tokens; the trie of their bytes: \d+ nodes))", R"(regular expression: (\d+ characters))",
+          R"(\n(  begins: [^\n]+))", R"(\n(''\s+\d+\s+[\d.]+%))", R"(\n('\{'\s+\d+\s+[\d.]+%))",
+          R"(\n('\{"'\s+\d+\s+[\d.]+%))", R"(\n('\{"name":'\s+\d+\s+[\d.]+%))", R"(\n('\{"name": "'\s+\d+\s+[\d.]+%))",
+          R"(\n('\{"name": "Ada", '\s+\d+\s+[\d.]+%))", R"(\n('\{"name": "Ada", "age": 3'\s+\d+\s+[\d.]+%))",
+          R"(\n(\d+ samples at temperature 1, [^\n]+))", R"(masks cold\s+(\d+))", R"(masks cached\s+(\d+))",
+          R"(unconstrained\s+(\d+))", R"((outputs that ended inside the grammar: [^\n]+))", R"(\n(first: [^\n]+))"})
+        check_same_figure(text, structured, pattern);
+}
+
+TEST_CASE("chapter 01's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("01-the-stack.md");
+    const std::string out =
+        chapter_program_output("01_the_stack", {"-m", stories260K(), "-p", "Once upon a time", "-n", "24"});
+    // The greedy text, the model, the token counts: everything in the run but the times.
+    for (const char* pattern : {R"((?:^|\n)(Once upon a time[^\n]*))", R"(\((gguf, llama, [\d.]+ M parameters)\))",
+                                R"((prompt \d+ tokens, generated \d+ tokens, finish: \w+))",
+                                R"(prefill\s+[\d.]+ ms\s+[\d.]+ %\s+(\d+) tokens)", R"(decode\s+[\d.]+ ms\s+[\d.]+ %\s+(\d+) tokens)"})
+        check_same_figure(text, out, pattern);
+    CHECK(figure(text, R"(The prompt is (\d+) tokens because BOS)", "chapter 01") ==
+          figure(out, R"(prompt (\d+) tokens)", "01_the_stack"));
+}
+
+TEST_CASE("chapter 06's deterministic figures match its programs") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("06-scheduler.md");
+    const std::string scheduler = chapter_program_output("06_scheduler", {"-m", stories260K(), "--requests", "12"});
+    // Steps and sequences per step are the scheduler's decisions; the preemptions too. The times are the machine's.
+    for (const char* pattern :
+         {R"((\d+ requests \(prompts [^\n]+))", R"(one at a time\s+(\d+\s+[\d.]+))", R"(static\s+(\d+\s+[\d.]+))",
+          R"(continuous\s+(\d+\s+[\d.]+))", R"((every policy produced the same ids for every request))",
+          R"((Chunked prefill: [^\n]+))", R"(\n   (1088|256|64) )", R"((Preemption: [^\n]+))", R"(\n(   step\s+9: [^\n]+))",
+          R"(\n(   step\s+25: [^\n]+))", R"(\n(   step\s+41: [^\n]+))", R"(\n(   step\s+76: [^\n]+))",
+          R"(\n(   \d+ preemptions in [^\n]+))", R"((outputs identical to a run with room for all: \w+))"})
+        check_same_figure(text, scheduler, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(a step per output token, (\d+))", "chapter 06") == figure(scheduler, R"(one at a time\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(static batching runs them in (\d+) steps)", "chapter 06") ==
+          figure(scheduler, R"(static\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(continuous batching in (\d+))", "chapter 06") == figure(scheduler, R"(continuous\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(\(([\d.]+) sequences per step instead)", "chapter 06") ==
+          figure(scheduler, R"(continuous\s+\d+\s+([\d.]+))", "06_scheduler"));
+    CHECK(figure(text, R"(sequences per step instead\s+of ([\d.]+)\))", "chapter 06") ==
+          figure(scheduler, R"(static\s+\d+\s+([\d.]+))", "06_scheduler"));
+    CHECK(figure(text, R"(the pool runs out (\w+)\s+times)", "chapter 06") == "four");
+    char ratio[16];
+    std::snprintf(ratio, sizeof ratio, "%.1f",
+                  std::stod(figure(scheduler, R"(one at a time\s+(\d+))", "06")) / std::stod(figure(scheduler, R"(continuous\s+(\d+))", "06")));
+    CHECK(figure(text, R"(([\d.]+)× fewer steps than one at\s+a time)", "chapter 06") == ratio);
+    CHECK(figure(scheduler, R"((\d+) preemptions in)", "06_scheduler") == "4");
+
+    const std::string speculative =
+        chapter_program_output("06_speculative_decoding", {"-m", stories260K(), "-n", "48", "-k", "2,4"});
+    // Steps, tokens per step and the share of guesses kept follow from the ids; the step costs and tok/s do not.
+    for (const char* pattern :
+         {R"((copy-heavy: [^\n]+))", R"(copy-heavy: [^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))",
+          R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){3}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))", R"((story: [^\n]+))",
+          R"(story: [^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))", R"(story: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(story: [^\n]+\n(?:[^\n]+\n){3}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))", R"((Draft model: the target's first layers \([^)]+\)))",
+          R"(Draft model: [^\n]+\n[^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))",
+          R"(Draft model: [^\n]+\n(?:[^\n]+\n){3}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(Draft model: [^\n]+\n(?:[^\n]+\n){4}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))"})
+        check_same_figure(text, speculative, pattern);
+    // Every table ends with the exactness check, in the chapter as in the run.
+    const auto count = [](const std::string& s, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+        return n;
+    };
+    CHECK(figure(text, R"(lookup keeps ([\d.]+) % of its guesses at k 2)", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06_speculative_decoding"));
+    CHECK(figure(text, R"(and (\d+) steps become \d+)", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n[^\n]+\n   none\s+(\d+))", "06_speculative_decoding"));
+    CHECK(figure(text, R"(steps become (\d+))", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+))", "06_speculative_decoding"));
+    CHECK(figure(text, R"(on the plain story it keeps ([\d.]+) %)", "chapter 06") ==
+          figure(speculative, R"(story: [^\n]+\n(?:[^\n]+\n){2}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06_speculative_decoding"));
+    CHECK(figure(text, R"(keeps (none) of its guesses)", "chapter 06") == "none");
+    CHECK(figure(speculative, R"(Draft model: [^\n]+\n(?:[^\n]+\n){3}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06") == "0.0");
+    CHECK(count(speculative, "every k gave the ids of the plain run, token for token") == 3);
+    CHECK(count(text, "every k gave the ids of the plain run, token for token") == 3);
+}
+
+TEST_CASE("chapter 04's 110M table has the parameters and bytes its make-model shape implies") {
+    // The table comes from a 438 MB model too large to rebuild in a test; its deterministic figures follow from the
+    // shape on the make-model line, so they are checked against that arithmetic (f32, classifier tied).
+    const std::string text = chapter_text("04-forward-pass.md");
+    const std::string line = figure(text, R"((make-model -o m110 [^\n]+))", "chapter 04");
+    const auto flag = [&](const std::string& name) { return std::stoll(figure(line, "--" + name + " (\\d+)", "make-model")); };
+    const long long D = flag("dim"), L = flag("layers"), F = flag("ffn"), V = flag("vocab");
+    REQUIRE(flag("heads") > 0);
+    const long long per_layer = 4 * D * D + 3 * D * F + 2 * D;  // q, k, v, o (no GQA); gate, up, down; two norms
+    const long long parameters = V * D + L * per_layer + D;      // embedding (the classifier too), layers, final norm
+    const long long bytes_per_token = 4 * (parameters + D);  // every matrix once, norms included, one embedding row
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "%.2f M parameters", static_cast<double>(parameters) / 1e6);
+    CHECK(figure(text, R"(m110 \(safetensors, ([\d.]+ M parameters))", "chapter 04") == expected);
+    std::snprintf(expected, sizeof expected, "%.3f MB", static_cast<double>(bytes_per_token) / 1e6);
+    CHECK(figure(text, R"(m110 \(safetensors[\s\S]*?decode reads\s+([\d.]+ MB))", "chapter 04") == expected);
+    CHECK(figure(text, R"(streams (\d+) MB of weights per token)", "chapter 04") ==
+          std::to_string(std::lround(static_cast<double>(bytes_per_token) / 1e6)));
+    // The KV cache at 4,000 positions: 2 × L × D × 4 bytes a position.
+    CHECK(figure(text, R"(= ([\d.]+) KB per position in f32)", "chapter 04") ==
+          [&] { char b[16]; std::snprintf(b, sizeof b, "%.1f", 2.0 * L * D * 4 / 1e3); return std::string(b); }());
+    CHECK(figure(text, R"(at 4,000 positions a decode step reads (\d+) MB of cache)", "chapter 04") ==
+          std::to_string(std::lround(4000.0 * 2 * L * D * 4 / 1e6)));
+}
