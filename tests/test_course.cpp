@@ -470,3 +470,52 @@ TEST_CASE("chapter 04's 110M table has the parameters and bytes its make-model s
     CHECK(figure(text, R"(at 4,000 positions a decode step reads (\d+) MB of cache)", "chapter 04") ==
           std::to_string(std::lround(4000.0 * 2 * L * D * 4 / 1e6)));
 }
+
+TEST_CASE("chapter 08's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE(build != nullptr);
+    if (!std::filesystem::exists(std::filesystem::path(build) / "08_serving")) return;  // built only with cpp-httplib
+    const std::string text = chapter_text("08-serving.md");
+    const std::string out = chapter_program_output(
+        "08_serving", {"--infer", (std::filesystem::path(build) / "infer").string(), "-m", stories260K(), "-t", "1",
+                       "--max-seqs", "4", "--tokens", "64"});
+    // The layers a request is timed in, the tokens, and who was admitted; not the times.
+    for (const char* pattern : {R"((One request through every layer \(\d+ tokens, streamed\)))", R"(end to end [\d.]+ ms, (\d+ tokens))",
+                                R"((Twice the capacity at once: \d+ streamed requests against --max-seqs \d+))",
+                                R"(--max-queue 64\s+(\d+ accepted,\s+\d+ got 429))", R"(--max-queue 0\s+(\d+ accepted,\s+\d+ got 429))"})
+        check_same_figure(text, out, pattern);
+    const auto layers = [](const std::string& s) {
+        std::string names;
+        static const std::regex layer(R"(\n  ([a-z_]+_ms) )");
+        for (auto it = std::sregex_iterator(s.begin(), s.end(), layer); it != std::sregex_iterator(); ++it) names += (*it)[1].str() + " ";
+        return names;
+    };
+    CHECK(layers(text) == layers(out));
+    // The parts always add up to the end-to-end time the server measured on its own.
+    CHECK(figure(out, R"(e2e_ms\s+([\d.]+) ms)", "08_serving") == figure(out, R"(the parts sum to ([\d.]+) ms)", "08_serving"));
+}
+
+TEST_CASE("chapter 09's deterministic figures match its program") {
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE(build != nullptr);
+    if (!std::filesystem::exists(std::filesystem::path(build) / "09_routing")) return;  // built only with cpp-httplib
+    const std::string text = chapter_text("09-routing.md");
+    const std::string out = chapter_program_output(
+        "09_routing", {"--infer", (std::filesystem::path(build) / "infer").string(), "-t", "1", "--instances", "2", "--groups",
+                       "4", "--per-group", "8", "--concurrency", "4", "--kv-blocks", "96"});
+    // The workload is fixed by the command; the hit rates and times depend on which requests ran side by side.
+    check_same_figure(text, out, R"((\d+ instances, \d+ groups x \d+ requests sharing a \d+-character prefix, \d+ at a time))");
+    for (const char* policy : {"round-robin", "least-loaded", "prefix"}) {
+        CAPTURE(policy);
+        const std::string pattern = std::string("\n  ") + policy + R"( [^\n]* ms\s+(\d+) / (\d+)\n)";
+        std::smatch m;
+        REQUIRE(std::regex_search(out, m, std::regex(pattern)));
+        CHECK(std::stoi(m[1]) + std::stoi(m[2]) == 32);
+        REQUIRE(std::regex_search(text, m, std::regex(pattern)));
+        CHECK(std::stoi(m[1]) + std::stoi(m[2]) == 32);
+    }
+    // The prose quotes the table it stands under.
+    CHECK(figure(text, R"(prefix policy keeps each system prompt on the instance that already has it: ([\d.]+) %)", "chapter 09") ==
+          figure(text, R"(\n  prefix\s+([\d.]+)%)", "chapter 09"));
+}
