@@ -519,3 +519,17 @@ TEST_CASE("chapter 09's deterministic figures match its program") {
     CHECK(figure(text, R"(prefix policy keeps each system prompt on the instance that already has it: ([\d.]+) %)", "chapter 09") ==
           figure(text, R"(\n  prefix\s+([\d.]+)%)", "chapter 09"));
 }
+
+TEST_CASE("chapter 10's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("10-benchmarking.md");
+    const std::string out = chapter_program_output("10_benchmarking", {"-m", stories260K()});
+    // The five made-up requests: every line of that table and of its summary is arithmetic.
+    for (const char* pattern :
+         {R"(\n(\| 1 \|[^\n]+))", R"(\n(\| 2 \|[^\n]+))", R"(\n(\| 3 \|[^\n]+))", R"(\n(\| 4 \|[^\n]+))", R"(\n(\| 5 \|[^\n]+))",
+          R"(\n(TTFT mean [^\n]+))", R"(\n(TPOT over the [^\n]+))", R"(\n(throughput [\d.]+ req/s, [^\n]+))",
+          R"((engine, \d+ prompt \+ \d+ output tokens per request))", R"(\n\|\s+(1|4|16) \|\s+[\d.]+ \|)"})
+        check_same_figure(text, out, pattern);
+    // The prose's worked percentile is the program's.
+    CHECK(figure(text, R"(so\s+200 \+ 0.6 · 600 = (\d+) ms)", "chapter 10") == figure(out, R"(p90 (\d+) ms)", "10_benchmarking"));
+}
