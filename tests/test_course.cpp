@@ -323,6 +323,17 @@ TEST_CASE("chapter 02's deterministic figures match its program") {
         hex += std::string(i == 0 ? "" : i == 2 ? " | " : " ") + byte;
     }
     CHECK(figure(text, R"(```\n([0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f ]+)\n  d   \| q\[0\.\.31\])", "chapter 02") == hex);
+    // And the worked Q4_K block's first 18 bytes: d, dmin, the 12 bytes of scales and minimums, two bytes of qs.
+    infer::GgufFile q4k = infer::read_gguf(shared / "fixtures/quant/Q4_K/model-Q4_K.gguf");
+    const infer::Tensor& embedding_q4k = q4k.tensors.at("token_embd.weight");
+    hex.clear();
+    for (int i = 0; i < 18; ++i) {
+        char byte[4];
+        std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned>(embedding_q4k.data[i]));
+        hex += std::string(i == 0 ? "" : i == 2 || i == 4 || i == 16 ? " | " : " ") + byte;
+    }
+    CHECK(figure(text, R"(```\n([0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f ]+ \| [0-9a-f]{2} [0-9a-f]{2}) \.\.\.\n)",
+                 "chapter 02") == hex);
 }
 
 TEST_CASE("chapter 03's deterministic figures match its program") {
