@@ -15,6 +15,27 @@ namespace {
 // Shows a token's text with the byte-level and SentencePiece space markers spelled out, so a reader sees the spaces.
 std::string shown(const std::string& token) { return "[" + token + "]"; }
 
+// Decoded text with its control characters (C0, DEL and C1: U+0080–U+009F, which a wrong vocabulary's pieces can
+// hold) written as \uXXXX escapes, so they neither vanish nor garble the terminal.
+std::string printable(const std::string& text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const auto byte = static_cast<unsigned char>(text[i]);
+        const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+        unsigned code = 0x100;  // none
+        if (byte < 0x20 || byte == 0x7f) code = byte;
+        else if (byte == 0xc2 && next >= 0x80 && next < 0xa0) code = next, ++i;
+        if (code == 0x100) {
+            out += text[i];
+            continue;
+        }
+        char escape[8];
+        std::snprintf(escape, sizeof escape, "\\u%04X", code);
+        out += escape;
+    }
+    return out;
+}
+
 void print_tokens(const infer::Tokenizer& tokenizer, const std::vector<int>& ids) {
     for (int id : ids) std::printf("%s", shown(tokenizer.token_text(id)).c_str());
     std::printf("\n   ids:");
@@ -90,8 +111,8 @@ int main(int argc, char** argv) try {
     // 3. The mismatch bug: ids made by one tokenizer, read through another vocabulary of the same size. Nothing fails;
     //    the model just sees a different prompt.
     std::printf("\n3. Llama 2 ids read with the Mistral vocabulary (both 32000 tokens, same format)\n\n");
-    std::printf("   Llama 2 decodes them as:  \"%s\"\n", llama2.decode(llama2_ids).c_str());
-    std::printf("   Mistral decodes them as:  \"%s\"\n", mistral.decode(llama2_ids).c_str());
+    std::printf("   Llama 2 decodes them as:  \"%s\"\n", printable(llama2.decode(llama2_ids)).c_str());
+    std::printf("   Mistral decodes them as:  \"%s\"\n", printable(mistral.decode(llama2_ids)).c_str());
     int differing = 0;
     for (int id : llama2_ids) differing += llama2.token_text(id) != mistral.token_text(id);
     std::printf("   %d of %zu tokens differ: a Mistral model fed these ids reads the second line.\n", differing,

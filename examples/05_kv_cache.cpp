@@ -2,7 +2,7 @@
 //
 //   05_kv_cache [-m PATH] [--requests N] [--block-size B] [--seed S] [-t THREADS]
 //
-// Three measurements on one model, each through the real Engine and KVCache (infer.hpp sections 4 and 9):
+// Three measurements on one model, each through the real KVCache (infer.hpp section 05) and Engine (section 06):
 //   1. bytes per token: the formula, on this model and on the published shapes of well-known models;
 //   2. contiguous vs paged: a workload of requests with mixed prompt lengths and output limits, and at every engine
 //      step the memory a contiguous cache would reserve (each request's prompt + max_tokens, or a full context per

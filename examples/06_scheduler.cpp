@@ -2,7 +2,7 @@
 //
 //   06_scheduler [-m PATH] [--requests N] [--max-seqs N] [--trace FILE] [--seed S] [-t THREADS]
 //
-// Three experiments through the real Engine (infer.hpp sections 8 and 9):
+// Three experiments through the real Scheduler and Engine (infer.hpp section 06):
 //   1. one workload (mixed prompt and output lengths) run one request at a time, with the static policy (admit a
 //      batch, run it to its end) and with continuous batching: steps, sequences per step, throughput, latency;
 //      --trace FILE writes the continuous run as a Chrome trace (open it in ui.perfetto.dev);

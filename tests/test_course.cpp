@@ -4,6 +4,7 @@
 #include "support.hpp"
 
 #include <future>
+#include <cmath>
 #include <regex>
 #include <set>
 
@@ -220,4 +221,356 @@ TEST_CASE("the quick starts compile as standalone files beside the header, and r
         CHECK(run.exit_code == 0);
         CHECK(run.out.size() > 20);  // a story, token by token
     }
+}
+
+// ---- Each chapter's figures against a fresh run of its program ---------------------------------------------------
+
+namespace {
+
+// `pattern`'s first group must read the same in the chapter's text and in its program's output.
+void check_same_figure(const std::string& text, const std::string& output, const std::string& pattern) {
+    CAPTURE(pattern);
+    CHECK(figure(text, pattern, "the chapter") == figure(output, pattern, "the program's output"));
+}
+
+// A figure of the program's output rounded to whole units, as the chapter's prose quotes it.
+std::string rounded(const std::string& value) { return std::to_string(std::lround(std::stod(value))); }
+
+std::string stories260K() { return (test::shared_dir() / "models/stories260K/stories260K.gguf").string(); }
+
+}  // namespace
+
+TEST_CASE("chapter 05's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("05-kv-cache.md");
+    const std::string out = chapter_program_output("05_kv_cache", {"-m", stories260K(), "--requests", "24"});
+    for (const char* pattern : {R"(\(f32\) = (\d+) bytes per token)", R"(context: ([\d.]+ MiB))",
+                                R"(Llama 2 7B \(no GQA\)\s+(\d+\s+[\d.]+))", R"(Llama 3 8B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(Mistral 7B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(Qwen3 0.6B \(GQA, 8 KV heads\)\s+(\d+\s+[\d.]+))",
+                                R"(TinyLlama 1.1B \(GQA, 4 KV heads\)\s+(\d+\s+[\d.]+))", R"(, (\d+) stopped at EOS)",
+                                R"(averaged over (\d+) engine steps)", R"(K/V actually stored\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(one full context per slot\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(prompt \+ max_tokens per request\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(paged, blocks of 16 tokens\s+([\d.]+\s+\d+\s+[\d.]+%))",
+                                R"(\n   off\s+(\d+\s+\d+ \(\s*[\d.]+%\)\s+\d+))", R"(\n   on\s+(\d+\s+\d+ \([\d.]+%\)\s+\d+))",
+                                R"(with and without the cache: (\w+))"})
+        check_same_figure(text, out, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(context\s+wastes\s+(\d+)\s+%)", "chapter 05") ==
+          rounded(figure(out, R"(one full context per slot\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    CHECK(figure(text, R"(max_tokens\s+still\s+wastes\s+(\d+)\s+%)", "chapter 05") ==
+          rounded(figure(out, R"(prompt \+ max_tokens per request\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    CHECK(figure(text, R"(Paging\s+wastes\s+(\d+)\s+%)", "chapter 05") ==
+          rounded(figure(out, R"(paged, blocks of 16 tokens\s+[\d.]+\s+\d+\s+([\d.]+)%)", "05_kv_cache")));
+    const std::string hits = figure(out, R"(\n   on\s+\d+\s+(\d+) \()", "05_kv_cache");
+    CHECK(figure(text, R"(=\s+(\d+)\s+hits\))", "chapter 05") == hits);
+    CHECK(std::to_string(std::stoi(figure(text, R"(\((\d+)\s+×\s+96\s+=)", "chapter 05")) * 96) == hits);
+    CHECK(figure(text, R"(hit\s+rate\s+is\s+([\d.]+)\s+%)", "chapter 05") == figure(out, R"(\n   on\s+\d+\s+\d+ \(([\d.]+)%\))", "05_kv_cache"));
+    CHECK(figure(text, R"(falls\s+from\s+(\d+)\s+tokens)", "chapter 05") == figure(out, R"(\n   on\s+(\d+))", "05_kv_cache"));
+    CHECK(figure(text, R"(tokens\s+to\s+(\d+))", "chapter 05") == figure(out, R"(\n   on\s+\d+\s+\d+ \([\d.]+%\)\s+(\d+))", "05_kv_cache"));
+}
+
+TEST_CASE("chapter 02's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::filesystem::path shared = test::shared_dir();
+    const std::string text = chapter_text("02-weights-on-disk.md");
+    const std::string out = chapter_program_output(
+        "02_weights_on_disk", {stories260K(), (shared / "models/stories260K/stories260K.bin").string(),
+                               (shared / "fixtures/arch/llama/model-bf16").string()});
+    // The run's table, model by model: every line but the paths is fixed by the files.
+    for (const char* pattern :
+         {R"(stories260K.gguf\n[^\n]*\nshape\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){6}  header\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){7}difference\s+([^\n]+))",
+          R"(stories260K.gguf\n(?:[^\n]*\n){8}decode reads\s+([^\n]+))", R"(stories260K.gguf\n(?:[^\n]*\n){9}KV cache\s+([^\n]+))",
+          R"(\n  Q8_0 +(\d[^\n]+))", R"(\n  Q4_0 +(\d[^\n]+))", R"(\n  Q4_K_M +(\d[^\n]+))",
+          R"(stories260K.bin\n[^\n]*\nshape\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(stories260K.bin\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(stories260K.bin\n(?:[^\n]*\n){7}  other\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){8}difference\s+([^\n]+))",
+          R"(stories260K.bin\n(?:[^\n]*\n){9}decode reads\s+([^\n]+))", R"(stories260K.bin\n(?:[^\n]*\n){10}KV cache\s+([^\n]+))",
+          R"(model-bf16\n[^\n]*\nshape\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){2}parameters\s+([^\n]+))",
+          R"(model-bf16\n(?:[^\n]*\n){4}weights\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){5}on disk\s+([\d,]+ B))",
+          R"(model-bf16\n(?:[^\n]*\n){7}difference\s+([^\n]+))", R"(model-bf16\n(?:[^\n]*\n){8}decode reads\s+([^\n]+))",
+          R"(model-bf16\n(?:[^\n]*\n){9}KV cache\s+([^\n]+))"})
+        check_same_figure(text, out, pattern);
+
+    // The prose: the arithmetic's result is the llama2.c file's count, the GGUF's extra classifier the difference.
+    const auto number = [](std::string s) {
+        s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+        return std::stoll(s);
+    };
+    const std::string bin_parameters = figure(out, R"(stories260K.bin\n(?:[^\n]*\n){2}parameters\s+([\d,]+))", "02 output");
+    const std::string gguf_parameters = figure(out, R"(stories260K.gguf\n(?:[^\n]*\n){2}parameters\s+([\d,]+))", "02 output");
+    CHECK(figure(text, R"(\*\*([\d,]+) parameters, [\d,]+\nbytes in f32\*\*)", "chapter 02") == bin_parameters);
+    CHECK(number(figure(text, R"(\*\*[\d,]+ parameters, ([\d,]+)\nbytes in f32\*\*)", "chapter 02")) == 4 * number(bin_parameters));
+    CHECK(number(figure(text, R"(([\d,]+) more parameters on\s+disk)", "chapter 02")) ==
+          number(gguf_parameters) - number(bin_parameters));
+    CHECK(figure(text, R"(GGUF: (\d+) kB of metadata)", "chapter 02") ==
+          std::to_string(number(figure(out, R"(stories260K.gguf\n(?:[^\n]*\n){6}  header\s+([\d,]+) B)", "02 output")) / 1000));
+    CHECK(figure(text, R"(header and ([\d,]+) bytes after the last weight)", "chapter 02") ==
+          figure(out, R"(([\d,]+) B after: freq_cis)", "02 output"));
+    CHECK(figure(text, R"((\d+) % of\s+rounding error in its weights \(Q4_0\))", "chapter 02") ==
+          rounded(figure(out, R"(  Q4_0\s+[\d,]+\s+[\d.]+x\s+[^\n]*?([\d.]+)%)", "02 output")));
+    CHECK(figure(text, R"(moves a logit by ([\d.]+))", "chapter 02") ==
+          [&] {
+              char buffer[16];
+              std::snprintf(buffer, sizeof buffer, "%.1f", std::stod(figure(out, R"(  Q4_0\s+[^\n]*%\s+([\d.]+))", "02 output")));
+              return std::string(buffer);
+          }());
+
+    // The worked Q8_0 block is the fixture file's first block of token_embd.weight, byte for byte.
+    infer::GgufFile q8 = infer::read_gguf(shared / "fixtures/quant/Q8_0/model-Q8_0.gguf");
+    const infer::Tensor& embedding = q8.tensors.at("token_embd.weight");
+    std::string hex;
+    for (int i = 0; i < 34; ++i) {
+        char byte[4];
+        std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned>(embedding.data[i]));
+        hex += std::string(i == 0 ? "" : i == 2 ? " | " : " ") + byte;
+    }
+    CHECK(figure(text, R"(```\n([0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f ]+)\n  d   \| q\[0\.\.31\])", "chapter 02") == hex);
+    // And the worked Q4_K block's first 18 bytes: d, dmin, the 12 bytes of scales and minimums, two bytes of qs.
+    infer::GgufFile q4k = infer::read_gguf(shared / "fixtures/quant/Q4_K/model-Q4_K.gguf");
+    const infer::Tensor& embedding_q4k = q4k.tensors.at("token_embd.weight");
+    hex.clear();
+    for (int i = 0; i < 18; ++i) {
+        char byte[4];
+        std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned>(embedding_q4k.data[i]));
+        hex += std::string(i == 0 ? "" : i == 2 || i == 4 || i == 16 ? " | " : " ") + byte;
+    }
+    CHECK(figure(text, R"(```\n([0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f]{2} [0-9a-f]{2} \| [0-9a-f ]+ \| [0-9a-f]{2} [0-9a-f]{2}) \.\.\.\n)",
+                 "chapter 02") == hex);
+}
+
+TEST_CASE("chapter 03's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("03-tokenizer.md");
+    const std::string out = chapter_program_output(
+        "03_tokenizer", {"--tokenizers", (test::shared_dir() / "tokenizers").string(), "-m", stories260K()});
+    for (const char* pattern : {R"(\n(    0  \[[^\n]+))", R"(\n(    1  \[[^\n]+))", R"(\n(    2  \[[^\n]+))",
+                                R"(\n(   10  \[[^\n]+))", R"(\n(   11  \[[^\n]+))", R"((Llama 2 decodes them as: [^\n]+))",
+                                R"((Mistral decodes them as: [^\n]+))", R"((\d+ of \d+) tokens differ)",
+                                R"(Encode speed on ([\d.]+ MB))", R"(Llama 2\s+[\d.]+\s+(\d+))", R"(Llama 3\s+[\d.]+\s+(\d+))"})
+        check_same_figure(text, out, pattern);
+}
+
+TEST_CASE("chapter 04's deterministic figures match its programs") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("04-forward-pass.md");
+    const std::string forward =
+        chapter_program_output("04_forward_pass", {"-m", stories260K(), "--prompt-tokens", "64", "--decode-tokens", "32"});
+    // The stories260K table: the model, the tokens, the bytes per step and the intensities; then every sampler line
+    // but the one that times it.
+    for (const char* pattern :
+         {R"((?:^|\n)model\s+\S+stories260K.gguf (\([^\n]+))", R"(\nprefill\s+(\d+) )", R"(\ndecode\s+(\d+) )",
+          R"(decode reads\s+([\d.]+ MB))", R"(\nintensity\s+([^\n]+))", R"(\n(prompt\s+[^\n]+))", R"(\n(sampler\s+[^\n]+))",
+          R"(\n(  greedy\s+[^\n]+))", R"(\n(  next\s+[^\n]+))", R"(\n(  temperature  0.5[^\n]+))",
+          R"(\n(  temperature  1.0[^\n]+))", R"(\n(  temperature  1.5[^\n]+))", R"(\n(  top-k 40[^\n]+))",
+          R"(\n(  top-p 0.95[^\n]+))", R"(\n(  min-p 0.05[^\n]+))", R"(\n(  repetition[^\n]+))", R"(\n(  seed 7 [^\n]+))",
+          R"(\n(  seed 7 again[^\n]+))", R"(\n(  seed 8[^\n]+))"})
+        check_same_figure(text, forward, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(([\d.]+) FLOP per byte in decode)", "chapter 04") ==
+          figure(forward, R"(intensity\s+decode ([\d.]+))", "04_forward_pass"));
+    CHECK(figure(text, R"(([\d.]+) in a 64-token prefill)", "chapter 04") ==
+          figure(forward, R"(prefill ([\d.]+) FLOP/byte)", "04_forward_pass"));
+    CHECK(figure(text, R"(([\d.]+) % of the probability sits on two)", "chapter 04") ==
+          figure(forward, R"(min-p 0.05   keeps 2 tokens \([^)]*\), ([\d.]+) %)", "04_forward_pass"));
+
+    const std::string structured = chapter_program_output("04_structured_outputs", {"-m", stories260K(), "-n", "4"});
+    for (const char* pattern :
+         {R"(V = (\d+ tokens; the trie of their bytes: \d+ nodes))", R"(regular expression: (\d+ characters))",
+          R"(\n(  begins: [^\n]+))", R"(\n(''\s+\d+\s+[\d.]+%))", R"(\n('\{'\s+\d+\s+[\d.]+%))",
+          R"(\n('\{"'\s+\d+\s+[\d.]+%))", R"(\n('\{"name":'\s+\d+\s+[\d.]+%))", R"(\n('\{"name": "'\s+\d+\s+[\d.]+%))",
+          R"(\n('\{"name": "Ada", '\s+\d+\s+[\d.]+%))", R"(\n('\{"name": "Ada", "age": 3'\s+\d+\s+[\d.]+%))",
+          R"(\n(\d+ samples at temperature 1, [^\n]+))", R"(masks cold\s+(\d+))", R"(masks cached\s+(\d+))",
+          R"(unconstrained\s+(\d+))", R"((outputs that ended inside the grammar: [^\n]+))", R"(\n(first: [^\n]+))"})
+        check_same_figure(text, structured, pattern);
+}
+
+TEST_CASE("chapter 01's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("01-the-stack.md");
+    const std::string out =
+        chapter_program_output("01_the_stack", {"-m", stories260K(), "-p", "Once upon a time", "-n", "24"});
+    // The greedy text, the model, the token counts: everything in the run but the times.
+    for (const char* pattern : {R"((?:^|\n)(Once upon a time[^\n]*))", R"(\((gguf, llama, [\d.]+ M parameters)\))",
+                                R"((prompt \d+ tokens, generated \d+ tokens, finish: \w+))",
+                                R"(prefill\s+[\d.]+ ms\s+[\d.]+ %\s+(\d+) tokens)", R"(decode\s+[\d.]+ ms\s+[\d.]+ %\s+(\d+) tokens)"})
+        check_same_figure(text, out, pattern);
+    CHECK(figure(text, R"(The prompt is (\d+) tokens because BOS)", "chapter 01") ==
+          figure(out, R"(prompt (\d+) tokens)", "01_the_stack"));
+}
+
+TEST_CASE("chapter 06's deterministic figures match its programs") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("06-scheduler.md");
+    const std::string scheduler = chapter_program_output("06_scheduler", {"-m", stories260K(), "--requests", "12"});
+    // Steps and sequences per step are the scheduler's decisions; the preemptions too. The times are the machine's.
+    for (const char* pattern :
+         {R"((\d+ requests \(prompts [^\n]+))", R"(one at a time\s+(\d+\s+[\d.]+))", R"(static\s+(\d+\s+[\d.]+))",
+          R"(continuous\s+(\d+\s+[\d.]+))", R"((every policy produced the same ids for every request))",
+          R"((Chunked prefill: [^\n]+))", R"(\n   (1088|256|64) )", R"((Preemption: [^\n]+))", R"(\n(   step\s+9: [^\n]+))",
+          R"(\n(   step\s+25: [^\n]+))", R"(\n(   step\s+41: [^\n]+))", R"(\n(   step\s+76: [^\n]+))",
+          R"(\n(   \d+ preemptions in [^\n]+))", R"((outputs identical to a run with room for all: \w+))"})
+        check_same_figure(text, scheduler, pattern);
+    // The prose quotes the same run.
+    CHECK(figure(text, R"(a step per output token, (\d+))", "chapter 06") == figure(scheduler, R"(one at a time\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(static batching runs them in (\d+) steps)", "chapter 06") ==
+          figure(scheduler, R"(static\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(continuous batching in (\d+))", "chapter 06") == figure(scheduler, R"(continuous\s+(\d+))", "06_scheduler"));
+    CHECK(figure(text, R"(\(([\d.]+) sequences per step instead)", "chapter 06") ==
+          figure(scheduler, R"(continuous\s+\d+\s+([\d.]+))", "06_scheduler"));
+    CHECK(figure(text, R"(sequences per step instead\s+of ([\d.]+)\))", "chapter 06") ==
+          figure(scheduler, R"(static\s+\d+\s+([\d.]+))", "06_scheduler"));
+    CHECK(figure(text, R"(the pool runs out (\w+)\s+times)", "chapter 06") == "four");
+    char ratio[16];
+    std::snprintf(ratio, sizeof ratio, "%.1f",
+                  std::stod(figure(scheduler, R"(one at a time\s+(\d+))", "06")) / std::stod(figure(scheduler, R"(continuous\s+(\d+))", "06")));
+    CHECK(figure(text, R"(([\d.]+)× fewer steps than one at\s+a time)", "chapter 06") == ratio);
+    CHECK(figure(scheduler, R"((\d+) preemptions in)", "06_scheduler") == "4");
+
+    const std::string speculative =
+        chapter_program_output("06_speculative_decoding", {"-m", stories260K(), "-n", "48", "-k", "2,4"});
+    // Steps, tokens per step and the share of guesses kept follow from the ids; the step costs and tok/s do not.
+    for (const char* pattern :
+         {R"((copy-heavy: [^\n]+))", R"(copy-heavy: [^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))",
+          R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){3}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))", R"((story: [^\n]+))",
+          R"(story: [^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))", R"(story: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(story: [^\n]+\n(?:[^\n]+\n){3}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))", R"((Draft model: the target's first layers \([^)]+\)))",
+          R"(Draft model: [^\n]+\n[^\n]+\n[^\n]+\n   none\s+(\d+\s+[\d.]+))",
+          R"(Draft model: [^\n]+\n(?:[^\n]+\n){3}   2\s+(\d+\s+[\d.]+\s+[\d.]+%))",
+          R"(Draft model: [^\n]+\n(?:[^\n]+\n){4}   4\s+(\d+\s+[\d.]+\s+[\d.]+%))"})
+        check_same_figure(text, speculative, pattern);
+    // Every table ends with the exactness check, in the chapter as in the run.
+    const auto count = [](const std::string& s, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+        return n;
+    };
+    CHECK(figure(text, R"(lookup keeps ([\d.]+) % of its guesses at k 2)", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06_speculative_decoding"));
+    CHECK(figure(text, R"(and (\d+) steps become \d+)", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n[^\n]+\n   none\s+(\d+))", "06_speculative_decoding"));
+    CHECK(figure(text, R"(steps become (\d+))", "chapter 06") ==
+          figure(speculative, R"(copy-heavy: [^\n]+\n(?:[^\n]+\n){2}   2\s+(\d+))", "06_speculative_decoding"));
+    CHECK(figure(text, R"(on the plain story it keeps ([\d.]+) %)", "chapter 06") ==
+          figure(speculative, R"(story: [^\n]+\n(?:[^\n]+\n){2}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06_speculative_decoding"));
+    CHECK(figure(text, R"(keeps (none) of its guesses)", "chapter 06") == "none");
+    CHECK(figure(speculative, R"(Draft model: [^\n]+\n(?:[^\n]+\n){3}   2\s+\d+\s+[\d.]+\s+([\d.]+)%)", "06") == "0.0");
+    CHECK(count(speculative, "every k gave the ids of the plain run, token for token") == 3);
+    CHECK(count(text, "every k gave the ids of the plain run, token for token") == 3);
+}
+
+TEST_CASE("chapter 04's 110M table has the parameters and bytes its make-model shape implies") {
+    // The table comes from a 438 MB model too large to rebuild in a test; its deterministic figures follow from the
+    // shape on the make-model line, so they are checked against that arithmetic (f32, classifier tied).
+    const std::string text = chapter_text("04-forward-pass.md");
+    const std::string line = figure(text, R"((make-model -o m110 [^\n]+))", "chapter 04");
+    const auto flag = [&](const std::string& name) { return std::stoll(figure(line, "--" + name + " (\\d+)", "make-model")); };
+    const long long D = flag("dim"), L = flag("layers"), F = flag("ffn"), V = flag("vocab");
+    REQUIRE(flag("heads") > 0);
+    const long long per_layer = 4 * D * D + 3 * D * F + 2 * D;  // q, k, v, o (no GQA); gate, up, down; two norms
+    const long long parameters = V * D + L * per_layer + D;      // embedding (the classifier too), layers, final norm
+    const long long bytes_per_token = 4 * (parameters + D);  // every matrix once, norms included, one embedding row
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "%.2f M parameters", static_cast<double>(parameters) / 1e6);
+    CHECK(figure(text, R"(m110 \(safetensors, ([\d.]+ M parameters))", "chapter 04") == expected);
+    std::snprintf(expected, sizeof expected, "%.3f MB", static_cast<double>(bytes_per_token) / 1e6);
+    CHECK(figure(text, R"(m110 \(safetensors[\s\S]*?decode reads\s+([\d.]+ MB))", "chapter 04") == expected);
+    CHECK(figure(text, R"(streams (\d+) MB of weights per token)", "chapter 04") ==
+          std::to_string(std::lround(static_cast<double>(bytes_per_token) / 1e6)));
+    // The KV cache at 4,000 positions: 2 × L × D × 4 bytes a position.
+    CHECK(figure(text, R"(= ([\d.]+) KB per position in f32)", "chapter 04") ==
+          [&] { char b[16]; std::snprintf(b, sizeof b, "%.1f", 2.0 * L * D * 4 / 1e3); return std::string(b); }());
+    CHECK(figure(text, R"(at 4,000 positions a decode step reads (\d+) MB of cache)", "chapter 04") ==
+          std::to_string(std::lround(4000.0 * 2 * L * D * 4 / 1e6)));
+}
+
+TEST_CASE("chapter 08's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE(build != nullptr);
+    if (!std::filesystem::exists(std::filesystem::path(build) / "08_serving")) return;  // built only with cpp-httplib
+    const std::string text = chapter_text("08-serving.md");
+    const std::string out = chapter_program_output(
+        "08_serving", {"--infer", (std::filesystem::path(build) / "infer").string(), "-m", stories260K(), "-t", "1",
+                       "--max-seqs", "4", "--tokens", "64"});
+    // The layers a request is timed in, the tokens, and who was admitted; not the times.
+    for (const char* pattern : {R"((One request through every layer \(\d+ tokens, streamed\)))", R"(end to end [\d.]+ ms, (\d+ tokens))",
+                                R"((Twice the capacity at once: \d+ streamed requests against --max-seqs \d+))",
+                                R"(--max-queue 64\s+(\d+ accepted,\s+\d+ got 429))", R"(--max-queue 0\s+(\d+ accepted,\s+\d+ got 429))"})
+        check_same_figure(text, out, pattern);
+    const auto layers = [](const std::string& s) {
+        std::string names;
+        static const std::regex layer(R"(\n  ([a-z_]+_ms) )");
+        for (auto it = std::sregex_iterator(s.begin(), s.end(), layer); it != std::sregex_iterator(); ++it) names += (*it)[1].str() + " ";
+        return names;
+    };
+    CHECK(layers(text) == layers(out));
+}
+
+TEST_CASE("chapter 09's deterministic figures match its program") {
+    const char* build = std::getenv("INFER_BUILD");
+    REQUIRE(build != nullptr);
+    if (!std::filesystem::exists(std::filesystem::path(build) / "09_routing")) return;  // built only with cpp-httplib
+    const std::string text = chapter_text("09-routing.md");
+    const std::string out = chapter_program_output(
+        "09_routing", {"--infer", (std::filesystem::path(build) / "infer").string(), "-t", "1", "--instances", "2", "--groups",
+                       "4", "--per-group", "8", "--concurrency", "4", "--kv-blocks", "96"});
+    // The workload is fixed by the command; the hit rates and times depend on which requests ran side by side.
+    check_same_figure(text, out, R"((\d+ instances, \d+ groups x \d+ requests sharing a \d+-character prefix, \d+ at a time))");
+    for (const char* policy : {"round-robin", "least-loaded", "prefix"}) {
+        CAPTURE(policy);
+        const std::string pattern = std::string("\n  ") + policy + R"( [^\n]* ms\s+(\d+) / (\d+)\n)";
+        std::smatch m;
+        REQUIRE(std::regex_search(out, m, std::regex(pattern)));
+        CHECK(std::stoi(m[1]) + std::stoi(m[2]) == 32);
+        REQUIRE(std::regex_search(text, m, std::regex(pattern)));
+        CHECK(std::stoi(m[1]) + std::stoi(m[2]) == 32);
+    }
+    // The prose quotes the table it stands under.
+    CHECK(figure(text, R"(prefix policy keeps each system prompt on the instance that already has it: ([\d.]+) %)", "chapter 09") ==
+          figure(text, R"(\n  prefix\s+([\d.]+)%)", "chapter 09"));
+}
+
+TEST_CASE("chapter 10's deterministic figures match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string text = chapter_text("10-benchmarking.md");
+    const std::string out = chapter_program_output("10_benchmarking", {"-m", stories260K()});
+    // The five made-up requests: every line of that table and of its summary is arithmetic.
+    for (const char* pattern :
+         {R"(\n(\| 1 \|[^\n]+))", R"(\n(\| 2 \|[^\n]+))", R"(\n(\| 3 \|[^\n]+))", R"(\n(\| 4 \|[^\n]+))", R"(\n(\| 5 \|[^\n]+))",
+          R"(\n(TTFT mean [^\n]+))", R"(\n(TPOT over the [^\n]+))", R"(\n(throughput [\d.]+ req/s, [^\n]+))",
+          R"((engine, \d+ prompt \+ \d+ output tokens per request))", R"(\n\|\s+(1|4|16) \|\s+[\d.]+ \|)"})
+        check_same_figure(text, out, pattern);
+    // The prose's worked percentile is the program's.
+    CHECK(figure(text, R"(so\s+200 \+ 0.6 · 600 = (\d+) ms)", "chapter 10") == figure(out, R"(p90 (\d+) ms)", "10_benchmarking"));
+}
+
+TEST_CASE("chapter 07's figures for stories260K match its program") {
+    REQUIRE_SHARED_OR_SKIP();
+    const std::string out = chapter_program_output("07_hardware", {"-m", stories260K(), "--quick"});
+    // The figures that depend only on the model's shape, quoted in the chapter's section on small models; the
+    // timings around them depend on the machine and are not checked.
+    const std::string chapter = chapter_text("07-hardware.md");
+    const size_t section = chapter.find("## Small models live in the caches");
+    REQUIRE(section != std::string::npos);
+    const std::string text = chapter.substr(section);
+    const std::string where = "chapter 07's section on small models";
+    const std::string number = R"(([0-9]+(?:\.[0-9]+)?))";  // not the full stop after a figure
+    CHECK(figure(text, R"(Its\s+)" + number + R"(\s+M\s+parameters)", where) ==
+          figure(out, ", " + number + " M parameters", "07_hardware"));
+    CHECK(figure(text, R"(parameters\s+are\s+)" + number + R"(\s+MB)", where) ==
+          figure(out, number + " MB of weights read per forward pass", "07_hardware"));
+    // The FLOP/byte column of a table row: phase, seqs, tokens, ms/pass, FLOP/byte.
+    auto intensity = [&](const std::string& phase, int seqs, int tokens) {
+        return figure(out, R"(\| )" + phase + R"( +\| +)" + std::to_string(seqs) + R"( \| +)" + std::to_string(tokens) +
+                               R"( \| +[0-9.]+ \| +)" + number + R"( \|)",
+                      "07_hardware");
+    };
+    CHECK(figure(text, R"(decode\s+of\s+one\s+sequence\s+does\s+)" + number + R"(\s+FLOP)", where) == intensity("decode", 1, 1));
+    CHECK(figure(text, R"(batch\s+of\s+16\s+sequences\s+)" + number, where) == intensity("decode", 16, 16));
+    CHECK(figure(text, R"(prefill\s+of\s+64\s+tokens\s+)" + number, where) == intensity("prefill", 1, 64));
 }
