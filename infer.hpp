@@ -5009,8 +5009,8 @@ inline uint16_t f32_to_f16(float value) {
     }
     // Normal: the exponent rebiased (127 → 15) and the 13 dropped mantissa bits rounded to nearest even. A carry out of
     // the mantissa lands in the exponent, which is what rounding up to the next power of two means (to ∞ from 65520).
-    // A few integer steps, where frexp and nearbyint cost an f16 cache's writes 2–4 % of a prefill (110M f32, 128 and
-    // 512 tokens; 1.1B bf16, 128).
+    // A few integer steps rather than frexp and nearbyint, which would cost an f16 cache's writes a few per cent of a
+    // prefill.
     const uint32_t odd = (magnitude >> 13) & 1;
     return sign | static_cast<uint16_t>((magnitude - 0x38000000 + 0xFFF + odd) >> 13);
 }
@@ -5138,7 +5138,7 @@ inline MappedFile::MappedFile(const std::filesystem::path& path, FileAccess acce
     size_ = static_cast<size_t>(in.tellg());
     in.seekg(0);
     // In 2 MB pages where Linux allows: a decode step reads every weight once, and 4 KB pages cost it a page walk
-    // every 4 KB (a 256 MB bf16 matrix from memory, 2 threads, one token: 1.13× in 2 MB pages).
+    // every 4 KB.
     std::byte* start = nullptr;
     copy_ = detail::huge_page_buffer(size_, start);
     in.read(reinterpret_cast<char*>(start), static_cast<std::streamsize>(size_));
@@ -9758,9 +9758,9 @@ template <bool is_signed>
 }
 
 // How far ahead of the block in use the K-quant kernels request its lines from memory. A K-quant block is long work
-// (2368 or 3360 bytes); at one token a tile the hardware prefetcher fell behind it, and decode waited on memory
-// instead of running at its bandwidth (one thread, 1.1B Q4_K_M: 35 → 48 tokens/s). Q8_0 and Q4_0 blocks are short and
-// already stream at the bandwidth; asked ahead by hand they lost a fifth.
+// (2368 or 3360 bytes); at one token a tile the hardware prefetcher falls behind it, and decode waits on memory
+// instead of running at its bandwidth. Q8_0 and Q4_0 blocks are short and already stream at the bandwidth, so they
+// are not asked ahead by hand, which only slows them.
 constexpr size_t prefetch_distance = 4096;
 
 // A K-quant block's lines, requested from memory prefetch_distance ahead.
