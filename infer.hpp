@@ -5029,8 +5029,8 @@ inline uint16_t f32_to_f16(float value) {
     }
     // Normal: the exponent rebiased (127 → 15) and the 13 dropped mantissa bits rounded to nearest even. A carry out of
     // the mantissa lands in the exponent, which is what rounding up to the next power of two means (to ∞ from 65520).
-    // A few integer steps, where frexp and nearbyint cost an f16 cache's writes 2–4 % of a prefill (110M f32, 128 and
-    // 512 tokens; 1.1B bf16, 128).
+    // A few integer steps rather than frexp and nearbyint, which would cost an f16 cache's writes a few per cent of a
+    // prefill.
     const uint32_t odd = (magnitude >> 13) & 1;
     return sign | static_cast<uint16_t>((magnitude - 0x38000000 + 0xFFF + odd) >> 13);
 }
@@ -5158,7 +5158,7 @@ inline MappedFile::MappedFile(const std::filesystem::path& path, FileAccess acce
     size_ = static_cast<size_t>(in.tellg());
     in.seekg(0);
     // In 2 MB pages where Linux allows: a decode step reads every weight once, and 4 KB pages cost it a page walk
-    // every 4 KB (a 256 MB bf16 matrix from memory, 2 threads, one token: 1.13× in 2 MB pages).
+    // every 4 KB.
     std::byte* start = nullptr;
     copy_ = detail::huge_page_buffer(size_, start);
     in.read(reinterpret_cast<char*>(start), static_cast<std::streamsize>(size_));
@@ -7630,31 +7630,21 @@ namespace detail {
 // - own_rows: in each of its R rows, the line tile_prefetch_bytes<C> / R ahead of the one it reads, into L1, and past
 //   the row's end that far into the same row of the next R (the rows are adjacent, so the requests cover the matrix,
 //   across the block's end into the next). This is the first tile over a block, which reads the block from memory
-//   unless earlier tiles asked for it. Without the requests a tile of 8 tokens reading from memory ran at half the
-//   rate of one sequential stream, waiting on its loads. The lead is counted along each row because the R rows are
-//   read side by side: a single distance in addresses lands in the next rows of the same R, read at the same moment,
-//   so 8 KB past every line gave one or two rows of every three no lead at all on 4 KB and 8 KB rows (K = 2048 or
-//   4096 in bf16, 2048 in f32). Per row instead of 8 KB in addresses (one matrix from memory, 2 threads): 8 tokens,
-//   bf16 K = 2048 1.08–1.16×, 4096 1.15×, 5632 1.23× (11 KB rows, where each row's lead was 8 KB), f32 K = 2048
-//   1.23×, 4096 1.20×; 4 tokens (16 KB), bf16 K = 4096 1.32×, 8192 1.30×, 2048 and 5632 0.95–1.00×; f32 K = 768
-//   (3 KB rows, where 8 KB in addresses happened to give each row about 2 KB) 0.96–1.00×.
+//   unless earlier tiles asked for it; without the requests it waits on its loads. The lead is counted along each row
+//   because the R rows are read side by side: a single distance in addresses lands in the next rows of the same R,
+//   read at the same moment, and leaves some of the R rows no lead at all.
 // - [begin, begin + bytes): a share of the next block, into L2. These are the full tiles over a block that the
 //   tiles over the block before asked for, which find it in L2 and bring in the next while they compute: the later
-//   tiles, and the first too where a block has two full tiles or more (16 tokens on; one matrix from memory, 2
-//   threads, against the first asking for its own rows: bf16 K = 2048 1.17× at 16 tokens, 1.04–1.08× at 24 to 64,
-//   K = 5632 1.11×; f32 K = 2048 1.15× at 16, K = 768 1.05–1.07× at 32 and 64 but 0.94–0.95× at 16; one full tile
-//   alone measured 0.90× sharing). (The later tiles asking for their own rows instead was a tenth slower on the
-//   2048-column matrices: lines pulled into L1 evict the tile's activations.) A tile asks in one step out of 2^pace,
-//   R lines at a time, so that its share comes in over most of its run rather than in a burst at its start: with 15
-//   tiles sharing a block (128 tokens) a share is a fifteenth of the lines the tile reads, and asked for all at once
-//   they arrived too late (a 64 MB matrix from memory, 2 threads, 64 and 128 tokens: 3–9 % faster paced, f32 and
-//   bf16; a lone sharing tile asks in every step).
+//   tiles, and the first too where a block has two full tiles or more (16 tokens on; a lone full tile asks for its
+//   own rows). They ask into L2 rather than for their own rows because lines pulled into L1 evict the tile's
+//   activations. A tile asks in one step out of 2^pace, R lines at a time, so that its share comes in over most of its
+//   run rather than in a burst at its start: with 15 tiles sharing a block (128 tokens) a share is a fifteenth of the
+//   lines the tile reads, and asked for all at once they arrive too late (a lone sharing tile asks in every step).
 //   Only the last of those tiles share the next block, as many as bring at most next_block_activation_bytes of
 //   activations after the first of them (below).
-// The smaller tiles one row at a time read a stream the hardware keeps up with (asking there measured the same with
-// four tokens, slower with one or two), and ask for nothing; four or two tokens three rows at a time (16-bit rows,
-// and f32 rows past one_row_activation_bytes) ask for their own rows as a first full tile does; after another tile
-// (rows_cached) the block is in L2.
+// The smaller tiles one row at a time read a stream the hardware keeps up with, and ask for nothing; four or two
+// tokens three rows at a time (16-bit rows, and f32 rows past one_row_activation_bytes) ask for their own rows as a
+// first full tile does; after another tile (rows_cached) the block is in L2.
 struct Prefetch {
     bool own_rows = false;
     const std::byte* begin = nullptr;
@@ -7666,19 +7656,13 @@ struct Prefetch {
 // The activations that pass through L2 between the first request for the next block and the end of this one: the tiles
 // that share the next block are the last ones over this block whose activations come to this much, and at least four.
 // Asked for earlier, the next block's rows wait in L2 while every later tile's activations come through it (with 128
-// tokens of 2048 f32 columns, 1 MB of them per block), and some are gone before their turn. Against every full tile
-// sharing, 2 threads, AVX-512: all the projections of every layer of the 1.1B f32 file 1.02–1.04× at 128 and 512
-// tokens (its 2048-column matrices 1.03–1.04×, the 5632-column one 1.00×); whole prefill passes of 128 tokens (both
-// builds alternating, fastest and median of 7 to 15 pairs) 1.1B f32 1.03–1.05×, bf16 1.02–1.03×, 110M f32 1.00–1.01×;
-// with AVX2 forced, 1.1B f32 1.01–1.06×, 110M f32 1.00×.
+// tokens of 2048 f32 columns, 1 MB of them per block), and some are gone before their turn.
 constexpr size_t next_block_activation_bytes = size_t{256} << 10;
 constexpr int fewest_sharing_tiles = 4;
 
 // How far ahead of its reads a tile of C tokens asks for its own rows, its R rows together (each row a share of it,
-// along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens (measured with 8 and 16 sequences:
-// 4 KB too few, 8 to 16 KB alike, 24 and 32 KB slower on the 110M shape), twice that for 4 and four times for 2, whose
-// activations leave the lines more room in L1 (1.1B bf16, a decode step of 4 sequences: 82–100 ms at 8 KB, 68–81 ms
-// at 16 to 32 KB).
+// along itself): the lines waiting in L1 beside the activations. 8 KB for 8 tokens, twice that for 4 and four times
+// for 2, whose smaller activations leave the lines more room in L1.
 template <int C>
 constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 
@@ -7686,23 +7670,18 @@ constexpr size_t tile_prefetch_bytes = (size_t{64} << 10) / C;
 // rows pass through it too). Past that (8 tokens of more than 1024 columns: every matrix of a 2048-wide model) a
 // tile whose rows are in L2 reads them in column panels that fit, over a chunk of rows at a time, the chunk's sums
 // kept in memory from one panel to the next: each lane still adds its columns in order, so the bits are the same,
-// while the activations come from L2 once per chunk instead of once per three rows (one core, 8 MB of bf16 weights
-// at K = 2048, 128 tokens: 147 → 161 GFLOP/s; f32 95 → 121).
+// while the activations come from L2 once per chunk instead of once per three rows.
 constexpr size_t tile_activation_bytes = size_t{32} << 10;
 
 // The activations that a tile one row at a time keeps in L1: it reads all of them again for every row, while the
 // weights stream through L1 beside them, so only about a third of L1. Past that, 4 or 2 tokens of f32 rows go three
-// rows at a time as 16-bit rows always do, each activation loaded serving three rows. One matrix kind at a time over
-// the 22 layers of a 1.1B f32 file (2048 and 5632 columns), 2 threads: 4 tokens moved 22–26 GB/s one row at a time,
-// 44–47 GB/s three at a time (all four kinds, fastest of 9 pairs: 2.1× at 4 tokens, 1.7× at 5 and 6, 1.1× at 2 and
-// 3); the 110M f32 file's down projection (2048 columns) 1.4–1.7× at 4 to 7 tokens, its four kinds together
-// 1.08–1.13×. At 12 KB (4 tokens of 768 columns) and 16 KB (2 of 2048) one row at a time stayed as fast or faster.
+// rows at a time as 16-bit rows always do, each activation loaded serving three rows. Up to it, one row at a time keeps
+// the single sequential stream that the hardware prefetchers follow best (tile_tokens below).
 constexpr size_t one_row_activation_bytes = size_t{16} << 10;
 
 // The activations of one pass of AVX2's three-row tile (four tokens or two, three_row_tile_avx2) that stay in L1: half
-// of the 32 KB that many AVX2 CPUs have (on the 1.1B f32 file here, with a 48 KB L1, 16 KB ran as fast as 32 or
-// faster). Past it (four tokens of more than 1024 columns) the passes that find their rows in L2 read them in column
-// panels, as tile_activation_bytes has AVX-512's tiles do.
+// of the 32 KB that many AVX2 CPUs have. Past it (four tokens of more than 1024 columns) the passes that find their
+// rows in L2 read them in column panels, as tile_activation_bytes has AVX-512's tiles do.
 constexpr size_t pass_activation_bytes = size_t{16} << 10;
 
 #ifdef INFER_X86_KERNELS
@@ -7723,31 +7702,25 @@ template <DType dtype, int C>
 // AVX-512 sum is one register of sixteen lanes (32 registers: 8 tokens × 3 rows); an AVX2 sum two of eight, or one
 // while its halves go in turn (16 registers: 4 tokens × 3 rows, a full tile in two passes). Below a full tile of tokens
 // the rows go one at a time, in memory order: at decode the matrix is then one sequential stream, which the hardware
-// prefetchers follow best (interleaving several rows' streams measured up to 2× slower there). Two exceptions, where
-// the arithmetic is the limit rather than the stream, take AVX-512 three rows at a time too: the tokens after the first
-// tile over a block (a batch of 9 to 15, a prompt's last few, the 2 and 1 after a 4), whose rows that tile has just
-// brought into L2 (110M bf16, a pass's projections for 15 tokens: 16.0 ms one row at a time, 10.9 ms three at a time);
-// and 4 or 2 tokens of 16-bit weights, whose bytes carry twice the arithmetic of f32's (6 and 7 tokens: 10.9 and 12.0
-// ms → 7.0 and 7.7 ms; 1.1B bf16, a decode step of 2 sequences: 66–77 ms → 61–64 ms, one sequence's 59–61), or of f32
-// weights whose activations outgrow L1 one row at a time (one_row_activation_bytes).
+// prefetchers follow best, where several rows read side by side are interleaved streams they follow too late. Two
+// exceptions, where the arithmetic is the limit rather than the stream, take AVX-512 three rows at a time too: the
+// tokens after the first tile over a block (a batch of 9 to 15, a prompt's last few, the 2 and 1 after a 4), whose rows
+// that tile has just brought into L2; and 4 or 2 tokens of 16-bit weights, whose bytes carry twice the arithmetic of
+// f32's, or of f32 weights whose activations outgrow L1 one row at a time (one_row_activation_bytes).
 constexpr int tile_tokens = 8;
 // Weight rows of a full AVX-512 tile, taken together: 3 × 8 sums + 3 weights + 1 activation of the 32 registers.
 constexpr int tile_rows = 3;
 
 // C tokens against the rows [row_begin, row_end) of a block, in the path's kernel for a tile of C. The first full
 // tile over a block of 16-bit rows goes as two tiles of C / 2 where that lets its activations stay in L1 (more than
-// 1024 columns, at most 2048: the 1.1B file's attention and gate/up matrices): the first half asks for its own rows
-// from memory, the second finds them in L2. Kept whole, that tile read all its activations from L2 at every step and
-// moved 17–22 GB/s, where 4 tokens of the same rows moved 40–47. (Our reading of the cause: an activation fetched
-// from L2 holds one of the L1's few miss buffers, which the requests for the rows need too.) The 1.1B bf16 file's
-// matrices, 2 threads: 8 and 12 tokens 1.13× and 1.14× (attention at 8 tokens 178–187 → 216–244 GFLOP/s); decode
-// steps of 8 and 12 sequences 1.03–1.14×. Its down projection (5632 columns, where 4 tokens overflow too) ran 172 →
-// 150 GFLOP/s split, and stays whole; so do f32 rows (split at 8, 12 and 16 tokens on the 1.1B f32 file: 0.92–1.02×).
+// 1024 columns, at most 2048): the first half asks for its own rows from memory, the second finds them in L2. Kept
+// whole, that tile would read all its activations from L2 at every step, each read holding one of L1's few miss
+// buffers, which the requests for the rows need too, and move the rows at half the rate of 4 tokens over them. Wider
+// rows, where 4 tokens overflow L1 too, are slower split and stay whole; f32 rows gain nothing from it and stay whole.
 // AVX2's full tile goes three rows at a time as well, its 8 tokens in two passes of 4 (three_row_tile_avx2), each
-// sum's two halves in turn (rows_avx2_by_halves). Against 6-token tiles in three passes of 2 (AVX2 forced on the
-// AVX-512 machine, 2 threads, all the projections of every layer, fastest and median of 7 pairs), on the 110M and
-// 1.1B files, f32 and bf16: 8 tokens 1.03–1.24×, 16 tokens 0.99–1.14×, 128 tokens 1.04–1.16×. AVX2's tiles of 4 and 2
-// follow AVX-512's rule, 4 tokens in one pass instead of two passes of 2 (1.09–1.31×).
+// sum's two halves in turn (rows_avx2_by_halves), rather than three passes of 2: each weight loaded then serves four
+// tokens instead of two. For the same reason AVX2's tiles of 4 and 2 follow AVX-512's rule, 4 tokens in one pass
+// instead of two passes of 2.
 template <CpuKernels path, DType dtype, int C>
 inline void token_tile(const std::byte* weights, size_t row_bytes, const float* x, size_t K, float* out, size_t N,
                        size_t row_begin, size_t row_end, Prefetch ahead) {
@@ -7796,9 +7769,8 @@ inline void token_tile(const std::byte* weights, size_t row_bytes, const float* 
 template <int C, class Tile>
 inline void for_each_block_and_tile(const std::byte* weights, size_t row_bytes, size_t token_bytes, int T,
                                     size_t row_begin, size_t row_end, Tile tile) {
-    // About 256 KB, rounded to whole groups of three rows, the full tile's: a block of 11 rows of 5632 f32 columns left
-    // two rows to the one-row kernel, whose eight sums load an activation per multiply-add (the 1.1B f32 file's down
-    // projection at 16 tokens, 12 rows a block: 1.12–1.14×, median and fastest of 16 pairs; 1.00–1.14× at 128).
+    // About 256 KB, rounded to whole groups of three rows, the full tile's: otherwise the rows left over go to the
+    // one-row kernel (from a block of 11 rows, two), whose eight sums load an activation per multiply-add.
     const size_t fit = std::max<size_t>(1, (size_t{256} << 10) / row_bytes);
     const size_t rows_per_block = fit >= tile_rows ? (fit + tile_rows / 2) / tile_rows * tile_rows : fit;
     const int full_tiles = T / C;
@@ -8055,8 +8027,8 @@ inline void matmul_rows_integer(CpuKernels path, const Tensor& w, const Quantize
 
 // Batches of at least this many tokens are compute-bound: their matmul rows and attention items go to the threads in
 // pieces that each claims as it finishes the last (ThreadPool::run_claimed), so a core slowed by other work on the
-// machine does less of them. Smaller batches stream the weights, best as one contiguous range per thread (pieces
-// measured up to a fifth slower at decode).
+// machine does less of them. Smaller batches stream the weights, best as one contiguous range per thread: each
+// thread's reads are then one sequential stream rather than pieces scattered over the matrix.
 constexpr int claimed_from = 32;
 
 // A parallel section of a forward pass over a batch of T tokens: `count` items in pieces of `piece` claimed by the
@@ -8342,10 +8314,7 @@ template <DType dtype>
 // The 64 bytes from `at` on, in one register, loaded as two 32-byte halves. GGUF files align tensors to 32 bytes, so
 // about half of a file's matrices start 32 bytes into a cache line, and every 64-byte load of their rows then spans two
 // lines, which costs the load twice; 32-byte loads never span two lines there, and at most one of the two does where a
-// tensor starts elsewhere (safetensors: 8 bytes apart). Both forms alternating in one process, 2 threads: the 110M f32
-// file's projections 1.04–1.06× at 16 tokens, 1.09–1.12× at 128, 1.02–1.07× at 512 (one 64 MB matrix aligned to 64
-// bytes: 0.97–1.05×; at 32 bytes: 0.99–1.15×); bf16 rows in the vdpbf16ps kernel, the 110M and 1.1B files with
-// --bf16-activations, 1.07× at 128 and 512 tokens, 1.00–1.03× at 8 and 16. The values, and so the bits, are the same.
+// tensor starts elsewhere (safetensors: 8 bytes apart). The values, and so the bits, are the same.
 // (The zero-masked forms here and below: GCC 12's plain ones start from an undefined register, which -Wuninitialized
 // reports.)
 [[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] inline __m512 load64_in_halves(const std::byte* at) {
@@ -8454,7 +8423,7 @@ template <DType dtype, int R, int C>
         for (int c = 0; c < C; ++c) {
             __m512 xv = _mm512_loadu_ps(x + c * K + k);
             // An empty statement that claims to change xv: without it GCC folds the load into each of the R
-            // multiply-adds, reading every activation R times, and the loads then bound the loop (a fifth slower).
+            // multiply-adds, reading every activation R times, and the loads then bound the loop.
             __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) sums[r][c] = _mm512_fmadd_ps(w[r], xv, sums[r][c]);
@@ -8503,8 +8472,8 @@ template <DType dtype, int C>
 
 // The AVX2 twin of rows_avx512: R rows against C tokens over the columns [k_begin, k_end), each sum in two registers
 // (lanes 0–7 and 8–15), with the same panels (partial: sixteen floats per sum) and the same requests ahead. A pass of
-// two tokens asks as far ahead as a tile of pass_request_tokens would (3.6 KB along each of three rows): two tokens'
-// own distance (32 KB) ran 2–6 % slower on the 1.1B files, a pass of four's (16 KB) faster on bf16, slower on f32.
+// two tokens asks as far ahead as a tile of pass_request_tokens would (3.6 KB along each of three rows), not two
+// tokens' own distance (32 KB), which runs too far ahead of the rows it reads.
 constexpr int pass_request_tokens = 6;
 template <DType dtype, int R, int C>
 [[gnu::target("avx2,fma,f16c")]] inline void rows_avx2(const std::byte* row, size_t row_bytes, const float* x, size_t K,
@@ -8582,8 +8551,8 @@ template <DType dtype, int R, int C>
                                                                  float* out, size_t N, bool own_rows, uintptr_t next_block,
                                                                  unsigned pace) {
     constexpr size_t column_bytes = dtype == DType::F32 ? 4 : 2;
-    // 1 KB of each row (256 f32 columns, 512 16-bit ones). On the 1.1B f32 file 256 columns ran 1.02–1.06× faster
-    // than 512, and 1024 0.81–0.91× of 512; 16-bit rows of 256 columns 0.96–0.99× of 512.
+    // 1 KB of each row whatever the type (256 f32 columns, 512 16-bit ones): short enough that the high half finds the
+    // span's rows still in L1, long enough that the held sums' stores and loads stay few beside the multiply-adds.
     constexpr size_t span_columns = 1024 / column_bytes;
     const size_t K16 = K / 16 * 16, ask_mask = (size_t{1} << pace) - 1;
     const bool asks = own_rows || next_block != 0;
@@ -9801,9 +9770,9 @@ template <bool is_signed>
 }
 
 // How far ahead of the block in use the K-quant kernels request its lines from memory. A K-quant block is long work
-// (2368 or 3360 bytes); at one token a tile the hardware prefetcher fell behind it, and decode waited on memory
-// instead of running at its bandwidth (one thread, 1.1B Q4_K_M: 35 → 48 tokens/s). Q8_0 and Q4_0 blocks are short and
-// already stream at the bandwidth; asked ahead by hand they lost a fifth.
+// (2368 or 3360 bytes); at one token a tile the hardware prefetcher falls behind it, and decode waits on memory
+// instead of running at its bandwidth. Q8_0 and Q4_0 blocks are short and already stream at the bandwidth, so they
+// are not asked ahead by hand, which only slows them.
 constexpr size_t prefetch_distance = 4096;
 
 // A K-quant block's lines, requested from memory prefetch_distance ahead.
